@@ -1,0 +1,31 @@
+# The README's two commands: `make demo` and `make test`. Both build .venv from pinned versions.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: demo test test-quick lint clean
+
+$(INSTALLED): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $@
+
+## demo: a 2-process CPU DDP run on the bundled digits data, checkpoints in ./checkpoints/digits
+demo: $(INSTALLED)
+	$(BIN)/torchrun --standalone --nproc_per_node=2 -m trainer --config digits
+
+## test: lint, then the whole suite (real torchrun processes on loopback)
+test: $(INSTALLED) lint
+	$(BIN)/pytest
+
+## test-quick: everything but the multi-process runs marked slow
+test-quick: $(INSTALLED) lint
+	$(BIN)/pytest -m "not slow"
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) checkpoints .pytest_cache .ruff_cache *.egg-info

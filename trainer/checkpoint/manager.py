@@ -1,0 +1,129 @@
+"""The commit protocol over a store: checkpoint, then manifest, then `latest.json` last.
+
+A step counts only once `latest.json` has named it and its bytes match the manifest's
+sha256; anything else is an interrupted write, and the newest earlier good step is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+
+from trainer.checkpoint.store import CheckpointStore
+from trainer.config import ConfigError
+
+CHECKPOINT_FILE, MANIFEST_FILE, LATEST_FILE = "checkpoint.pt", "manifest.json", "latest.json"
+FORMAT_VERSION = 1
+log = logging.getLogger("trainer.checkpoint")
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that exists but cannot be used for this run."""
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    """What one save wrote and how long it took."""
+
+    step: int
+    location: str
+    size_bytes: int
+    seconds: float
+
+
+class Checkpointer:
+    """Saves (rank 0 only) and finds, verifies and loads checkpoints (every rank)."""
+
+    def __init__(self, store: CheckpointStore, keep_last: int) -> None:
+        self.store = store
+        self.keep_last = keep_last
+        self.protected: set[int] = set()
+
+    def committed_step(self) -> int | None:
+        """The step `latest.json` names, unverified; None for an empty location."""
+        raw = self.store.get(LATEST_FILE)
+        if raw is None:
+            return None
+        try:
+            return int(json.loads(raw)["step"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("%s/%s is unreadable; ignoring it", self.store.uri, LATEST_FILE)
+            return None
+
+    def find_resumable(self) -> int | None:
+        """The newest committed step whose bytes verify, falling back step by step."""
+        committed = self.committed_step()
+        if committed is None:
+            return None
+        for step in sorted((s for s in self.store.steps() if s <= committed), reverse=True):
+            if self._verified_bytes(step) is not None:
+                return step
+        log.warning("no intact checkpoint at or before step %d in %s", committed, self.store.uri)
+        return None
+
+    def load(self, step: int) -> dict[str, Any]:
+        """Every rank loads the same verified step, tensors only (`weights_only=True`)."""
+        data = self._verified_bytes(step)
+        if data is None:
+            raise CheckpointError("checkpoint.uri", self.store.uri, f"step {step} is missing or corrupt")
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        if state.get("format") != FORMAT_VERSION:
+            raise CheckpointError(
+                "checkpoint.uri",
+                self.store.uri,
+                f"step {step} has format {state.get('format')}, expected {FORMAT_VERSION}",
+            )
+        return state
+
+    def save(self, state: dict[str, Any], *, step: int, epoch: int, world_size: int) -> SavedCheckpoint:
+        """Write the step, then name it in `latest.json`, then apply retention."""
+        started = time.perf_counter()
+        buffer = io.BytesIO()
+        torch.save({"format": FORMAT_VERSION, **state}, buffer)
+        data = buffer.getvalue()
+        manifest = {
+            "step": step,
+            "epoch": epoch,
+            "world_size": world_size,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "bytes": len(data),
+            "created_at": datetime.now(timezone.utc).isoformat(),
+        }
+        self.store.put_step(step, {CHECKPOINT_FILE: data, MANIFEST_FILE: _json(manifest)})
+        self.store.put(LATEST_FILE, _json({"step": step, "path": f"step-{step}"}))
+        self._apply_retention(step)
+        return SavedCheckpoint(step, self.store.location(step), len(data), time.perf_counter() - started)
+
+    def _verified_bytes(self, step: int) -> bytes | None:
+        raw_manifest = self.store.get(f"step-{step}/{MANIFEST_FILE}")
+        data = self.store.get(f"step-{step}/{CHECKPOINT_FILE}")
+        if raw_manifest is None or data is None:
+            log.warning("checkpoint step %d in %s is incomplete; skipping it", step, self.store.uri)
+            return None
+        manifest = json.loads(raw_manifest)
+        if manifest.get("sha256") != hashlib.sha256(data).hexdigest() or manifest.get("bytes") != len(data):
+            log.warning("checkpoint step %d in %s fails its sha256 check; skipping it", step, self.store.uri)
+            return None
+        return data
+
+    def _apply_retention(self, latest: int) -> None:
+        """Keep the newest `keep_last` steps, the latest one and any this run resumed from."""
+        if self.keep_last == 0:
+            return
+        older = [s for s in self.store.steps() if s <= latest]
+        keep = set(older[-self.keep_last :]) | {latest} | self.protected
+        for step in older:
+            if step not in keep:
+                self.store.delete_step(step)
+
+
+def _json(document: dict[str, Any]) -> bytes:
+    return (json.dumps(document, indent=2) + "\n").encode()

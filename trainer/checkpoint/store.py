@@ -1,0 +1,139 @@
+"""Where checkpoint bytes live. One interface; a local directory now, S3 behind the same calls.
+
+A store knows files and steps, nothing about torch: `put_step` publishes a step's files all
+at once or not at all, `put` replaces one small file atomically (used for `latest.json`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from abc import ABC, abstractmethod
+from pathlib import Path
+from urllib.parse import urlparse
+
+from trainer.config import ConfigError
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointStore(ABC):
+    """Files under one URI, grouped in `step-<N>/` folders."""
+
+    uri: str
+
+    @abstractmethod
+    def prepare(self) -> None:
+        """Fail now, before training, if checkpoints could not be written; clear leftovers
+        of writes that a crash interrupted."""
+
+    @abstractmethod
+    def put_step(self, step: int, files: dict[str, bytes]) -> None:
+        """Publish `step-<N>/<name>` for every file, in the given order, atomically if possible."""
+
+    @abstractmethod
+    def put(self, name: str, data: bytes) -> None:
+        """Replace one top-level file atomically."""
+
+    @abstractmethod
+    def get(self, name: str) -> bytes | None:
+        """A file's bytes (`latest.json` or `step-<N>/<name>`), or None when it is absent."""
+
+    @abstractmethod
+    def steps(self) -> list[int]:
+        """Published steps, oldest first."""
+
+    @abstractmethod
+    def delete_step(self, step: int) -> None:
+        """Remove a step folder and everything in it."""
+
+    @abstractmethod
+    def location(self, step: int) -> str:
+        """Where a step lives, for humans."""
+
+
+class LocalStore(CheckpointStore):
+    """A directory on a local or shared filesystem; publication is a directory rename."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.uri = str(root)
+
+    def prepare(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f".probe-{uuid.uuid4().hex}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as error:
+            raise ConfigError("checkpoint.uri", self.uri, f"not writable ({error.strerror})") from None
+        for leftover in self.root.glob(".step-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def put_step(self, step: int, files: dict[str, bytes]) -> None:
+        staging = self.root / f".step-{step}.tmp-{uuid.uuid4().hex[:8]}"
+        staging.mkdir(parents=True)
+        for name, data in files.items():
+            _write_synced(staging / name, data)
+        final = self.root / f"step-{step}"
+        if final.exists():  # a replay after a restart: the old copy was never named in latest.json
+            stale = self.root / f".step-{step}.old-{uuid.uuid4().hex[:8]}"
+            final.rename(stale)
+            shutil.rmtree(stale)
+        staging.rename(final)
+        _sync_directory(self.root)
+
+    def put(self, name: str, data: bytes) -> None:
+        staging = self.root / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
+        _write_synced(staging, data)
+        os.replace(staging, self.root / name)
+        _sync_directory(self.root)
+
+    def get(self, name: str) -> bytes | None:
+        try:
+            return (self.root / name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def steps(self) -> list[int]:
+        if not self.root.is_dir():
+            return []
+        found = (_STEP_DIR.match(entry.name) for entry in self.root.iterdir() if entry.is_dir())
+        return sorted(int(match[1]) for match in found if match)
+
+    def delete_step(self, step: int) -> None:
+        shutil.rmtree(self.root / f"step-{step}", ignore_errors=True)
+
+    def location(self, step: int) -> str:
+        return str(self.root / f"step-{step}")
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _sync_directory(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def open_store(uri: str) -> CheckpointStore:
+    """The store for `checkpoint.uri`: a path or `file://` URI. Checked before any work starts."""
+    parsed = urlparse(uri)
+    if not uri:
+        raise ConfigError("checkpoint.uri", uri, "must be a directory path or file:// URI")
+    if parsed.scheme == "file":
+        return LocalStore(Path(parsed.path))
+    if parsed.scheme and len(parsed.scheme) > 1:  # a one-letter scheme is a Windows drive
+        raise ConfigError(
+            "checkpoint.uri", uri, f"unsupported scheme {parsed.scheme!r}; use a directory path or file://"
+        )
+    return LocalStore(Path(uri))

@@ -1,0 +1,111 @@
+"""`python -m trainer`: check everything, then train. Run by torchrun in each pod or on a laptop."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from trainer.checkpoint import Checkpointer, open_store, rng
+from trainer.config import Config, ConfigError, bundled_config_names, dump_yaml, load_config
+from trainer.data import DATASETS, build_data
+from trainer.distributed import DistContext, cuda_available, process_group, read_env, select_device
+from trainer.engine import Trainer, steps_per_epoch
+from trainer.log import setup_logging
+from trainer.models import MODELS, build_model
+
+EXIT_CONFIG_ERROR = 2
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer",
+        description="Data-parallel training under torchrun (or alone, as a world of one).",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="PATH_OR_NAME",
+        help=f"a YAML file or a bundled config ({', '.join(bundled_config_names())}); "
+        "default: the embedded defaults (the digits demo)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key in Helm's --set syntax (a.b=c, x={1,2}); repeatable",
+    )
+    parser.add_argument("--print-config", action="store_true", help="print the effective config and exit")
+    return parser.parse_args(argv)
+
+
+def check_environment(config: Config) -> None:
+    """Checks that need more than the schema: plug-ins import, URI scheme, device and AMP."""
+    DATASETS.resolve(config.data.name)
+    MODELS.resolve(config.model.name)
+    open_store(config.checkpoint.uri)
+    device, amp = config.train.device, config.train.amp
+    if device == "cuda" and not cuda_available():
+        raise ConfigError("train.device", device, "no CUDA device is visible; use auto or cpu")
+    if amp == "fp16" and (device == "cpu" or not cuda_available()):
+        raise ConfigError("train.amp", amp, "fp16 needs a CUDA device; use bf16 or off on CPU")
+
+
+def report(error: ConfigError, context: DistContext) -> int:
+    prefix = "" if context.is_main else f"[rank {context.rank}] "
+    print(f"{prefix}trainer: error: {error}", file=sys.stderr, flush=True)
+    return EXIT_CONFIG_ERROR
+
+
+def refuse_overwrite(config: Config, checkpointer: Checkpointer) -> None:
+    """A fresh start must not write over checkpoints another run saved."""
+    committed = checkpointer.committed_step()
+    if not config.checkpoint.resume and committed is not None:
+        raise ConfigError(
+            "checkpoint.resume",
+            False,
+            f"{config.checkpoint.uri} already holds checkpoints up to step {committed}; "
+            "set checkpoint.resume=true or choose another checkpoint.uri",
+        )
+
+
+def train(config: Config, context: DistContext) -> int:
+    """Build data, model and store (failing fast), then train inside the process group."""
+    logger = setup_logging(config.log, context)
+    try:
+        rng.seed_everything(config.seed)
+        splits = build_data(config.data, config.seed)
+        module = build_model(config.model, splits.spec)
+        steps_per_epoch(len(splits.train), config.train, context.world_size)
+        checkpointer = Checkpointer(open_store(config.checkpoint.uri), config.checkpoint.keep_last)
+        if context.is_main:
+            refuse_overwrite(config, checkpointer)
+            checkpointer.store.prepare()
+    except ConfigError as error:
+        return report(error, context)
+    rng.seed_everything(config.seed * 65537 + context.rank + 1)  # distinct dropout per rank
+    device = select_device(config.train.device, context)
+    with process_group(context, device):
+        try:
+            Trainer(config, context, device, splits, module, checkpointer, logger).run()
+        except ConfigError as error:
+            return report(error, context)
+    return 0
+
+
+@record
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    context = read_env()
+    try:
+        config = load_config(args.config, args.overrides)
+        check_environment(config)
+    except ConfigError as error:
+        return report(error, context)
+    if args.print_config:
+        print(dump_yaml(config), end="")
+        return 0
+    return train(config, context)

@@ -1,0 +1,233 @@
+"""The run's configuration: typed sections, YAML files, `--set` overrides and one-line errors.
+
+The schema lives in dataclasses validated by pydantic, so every bad value is caught before
+any process group, file or device is touched. Defaults are the bundled `digits` demo.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass
+
+from trainer.overrides import OverrideError, deep_merge, parse_set
+
+PositiveInt = Annotated[int, Field(strict=True, gt=0)]
+NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(gt=0, lt=1)]
+_SECTION = ConfigDict(extra="forbid")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value: names the key, the value and what is allowed."""
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"{key}={value!r}: {allowed}")
+
+
+@dataclass(config=_SECTION)
+class SyntheticConfig:
+    """Random data of a chosen shape, for throughput work without I/O."""
+
+    kind: Literal["images", "tokens"] = "images"
+    num_samples: PositiveInt = 4096
+    channels: PositiveInt = 1
+    image_size: PositiveInt = 28
+    num_classes: PositiveInt = 10
+    seq_len: PositiveInt = 128
+    vocab_size: PositiveInt = 256
+
+
+@dataclass(config=_SECTION)
+class DataConfig:
+    """Which dataset, how it is split and how it is loaded."""
+
+    name: str = "digits"
+    path: str = ""
+    val_fraction: Fraction = 0.15
+    test_fraction: Fraction = 0.15
+    split_seed: NonNegativeInt = 0
+    num_workers: NonNegativeInt = 0
+    pin_memory: bool = True
+    persistent_workers: bool = True
+    prefetch_factor: PositiveInt = 2
+    synthetic: SyntheticConfig = dataclasses.field(default_factory=SyntheticConfig)
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(config=_SECTION)
+class ModelConfig:
+    """Which model; `width`, `depth` and `heads` mean channels, layers and attention heads."""
+
+    name: str = "cnn"
+    width: PositiveInt = 32
+    depth: PositiveInt = 2
+    heads: PositiveInt = 4
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(config=_SECTION)
+class EarlyStoppingConfig:
+    """Stop when the validation metric has not improved for `patience` epochs (0 = never)."""
+
+    metric: Literal["val_loss", "val_accuracy"] = "val_loss"
+    patience: NonNegativeInt = 0
+    min_delta: NonNegativeFloat = 0.0
+
+
+@dataclass(config=_SECTION)
+class TrainConfig:
+    """The loop: batch per rank, length, precision and clipping."""
+
+    epochs: PositiveInt = 10
+    max_steps: NonNegativeInt = 0
+    batch_size: PositiveInt = 32
+    eval_batch_size: PositiveInt = 256
+    grad_accum_steps: PositiveInt = 1
+    amp: Literal["off", "bf16", "fp16"] = "off"
+    clip_grad_norm: NonNegativeFloat = 1.0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    early_stopping: EarlyStoppingConfig = dataclasses.field(default_factory=EarlyStoppingConfig)
+
+
+@dataclass(config=_SECTION)
+class OptimConfig:
+    """Optimizer and LR schedule; `lr` is the LR at `reference_batch_size` global samples."""
+
+    name: Literal["adamw", "sgd"] = "adamw"
+    lr: PositiveFloat = 2e-3
+    lr_scaling: Literal["none", "linear", "sqrt"] = "linear"
+    reference_batch_size: PositiveInt = 64
+    weight_decay: NonNegativeFloat = 0.01
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    betas: tuple[Fraction, Fraction] = (0.9, 0.999)
+    warmup_steps: NonNegativeInt = 20
+    schedule: Literal["cosine", "step", "constant"] = "cosine"
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.0
+    step_every: PositiveInt = 1000
+    step_gamma: Annotated[float, Field(gt=0, le=1)] = 0.1
+
+
+@dataclass(config=_SECTION)
+class CheckpointConfig:
+    """Where checkpoints go, how often, how many stay, and whether a start resumes."""
+
+    uri: str = "checkpoints"
+    every_steps: NonNegativeInt = 50
+    keep_last: NonNegativeInt = 3
+    resume: bool = True
+
+
+@dataclass(config=_SECTION)
+class LogConfig:
+    """Rank-0 progress log: text for humans or JSON lines for machines."""
+
+    format: Literal["text", "json"] = "text"
+    every_steps: PositiveInt = 10
+
+
+@dataclass(config=_SECTION)
+class Config:
+    """The whole run."""
+
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    log: LogConfig = dataclasses.field(default_factory=LogConfig)
+    seed: NonNegativeInt = 0
+
+
+_ADAPTER = TypeAdapter(Config)
+
+
+def bundled_config_names() -> list[str]:
+    """Names accepted by `--config NAME`: the YAML files shipped in `trainer/configs`."""
+    folder = resources.files("trainer") / "configs"
+    return sorted(entry.name[:-5] for entry in folder.iterdir() if entry.name.endswith(".yaml"))
+
+
+def _read_source(source: str) -> dict[str, Any]:
+    path = Path(source)
+    if path.is_file():
+        text = path.read_text()
+    elif source in bundled_config_names():
+        text = (resources.files("trainer") / "configs" / f"{source}.yaml").read_text()
+    else:
+        allowed = ", ".join(bundled_config_names())
+        raise ConfigError("--config", source, f"no such file; bundled configs are: {allowed}")
+    try:
+        tree = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        reason = str(error).replace("\n", " ")
+        raise ConfigError("--config", source, f"not valid YAML ({reason})") from None
+    if not isinstance(tree, dict):
+        raise ConfigError("--config", source, "must be a YAML mapping of sections")
+    return tree
+
+
+def _section_at(location: Sequence[Any]) -> type | None:
+    """The dataclass that holds the key at `location`, for did-you-mean suggestions."""
+    node: Any = Config
+    for part in location[:-1]:
+        hints = typing.get_type_hints(node)
+        if part not in hints or not dataclasses.is_dataclass(hints[part]):
+            return None
+        node = hints[part]
+    return node
+
+
+def _error_from_pydantic(error: dict[str, Any]) -> ConfigError:
+    location = [part for part in error["loc"] if isinstance(part, str)]
+    key = ".".join(location)
+    if error["type"] == "unexpected_keyword_argument":
+        section = _section_at(location)
+        names = [f.name for f in dataclasses.fields(section)] if section else []
+        prefix = ".".join(location[:-1])
+        qualified = [f"{prefix}.{name}" if prefix else name for name in names]
+        close = difflib.get_close_matches(location[-1], names, n=1)
+        hint = f"did you mean {qualified[names.index(close[0])]}? " if close else ""
+        return ConfigError(key, error["input"], f"unknown key; {hint}allowed: {', '.join(qualified)}")
+    return ConfigError(key, error["input"], error["msg"].replace("Input should be", "must be"))
+
+
+def from_tree(tree: dict[str, Any]) -> Config:
+    """Validate a plain tree into a Config, raising the first problem as a ConfigError."""
+    try:
+        return _ADAPTER.validate_python(tree)
+    except ValidationError as failure:
+        raise _error_from_pydantic(failure.errors()[0]) from None
+
+
+def to_tree(config: Config) -> dict[str, Any]:
+    """The config as plain YAML/JSON-friendly data (tuples become lists)."""
+    return _ADAPTER.dump_python(config, mode="json")
+
+
+def load_config(source: str | None, overrides: Sequence[str] = ()) -> Config:
+    """Defaults, then the YAML file or bundled config, then each `--set` in order."""
+    tree = _read_source(source) if source else {}
+    for expression in overrides:
+        try:
+            tree = deep_merge(tree, parse_set(expression))
+        except OverrideError as error:
+            raise ConfigError("--set", expression, str(error)) from None
+    return from_tree(tree)
+
+
+def dump_yaml(config: Config) -> str:
+    """The effective tree, as `--print-config` shows it."""
+    return yaml.safe_dump(to_tree(config), sort_keys=False)

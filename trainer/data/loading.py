@@ -1,0 +1,62 @@
+"""DataLoaders for training (resumable, sharded) and evaluation (sharded, padding known)."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from trainer.config import DataConfig
+from trainer.data.sampler import ResumableDistributedSampler
+
+
+def _loader_options(config: DataConfig, device: torch.device) -> dict:
+    workers = config.num_workers
+    options: dict = {
+        "num_workers": workers,
+        "pin_memory": config.pin_memory and device.type == "cuda",
+    }
+    if workers > 0:
+        options["persistent_workers"] = config.persistent_workers
+        options["prefetch_factor"] = config.prefetch_factor
+    return options
+
+
+def train_loader(
+    dataset: Dataset,
+    config: DataConfig,
+    *,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+    device: torch.device,
+) -> DataLoader:
+    """Full batches only, so every optimizer step sees the same global batch.
+
+    The loader gets a generator of its own: creating an iterator then never draws from the
+    global RNG, which would otherwise shift dropout masks after a mid-epoch resume."""
+    sampler = ResumableDistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(seed),
+        **_loader_options(config, device),
+    )
+
+
+def eval_loader(
+    dataset: Dataset,
+    config: DataConfig,
+    *,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+) -> DataLoader:
+    """In order and padded by DistributedSampler; evaluation masks the padding out."""
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False, drop_last=False)
+    options = _loader_options(config, device)
+    options["persistent_workers"] = False
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **options)

@@ -1,0 +1,46 @@
+"""Exact distributed evaluation: DistributedSampler's padding is masked out, sums all-reduced."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+from trainer.objective import per_sample_terms
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: DataLoader,
+    device: torch.device,
+    autocast: AbstractContextManager,
+) -> dict[str, float]:
+    """Loss and accuracy over every sample exactly once, identical on every rank.
+
+    Sample j of rank r is DistributedSampler padding iff j * world + r >= len(dataset)."""
+    sampler = loader.sampler
+    assert isinstance(sampler, DistributedSampler)
+    world, rank, size = sampler.num_replicas, sampler.rank, len(loader.dataset)
+    totals = torch.zeros(4, dtype=torch.float64, device=device)
+    seen = 0
+    was_training = model.training
+    model.eval()
+    for inputs, targets in loader:
+        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        with autocast:
+            logits = model(inputs)
+        losses, correct, counts = per_sample_terms(logits, targets)
+        positions = torch.arange(seen, seen + len(targets), device=device)
+        real = (positions * world + rank < size).to(torch.float64)
+        seen += len(targets)
+        totals += torch.stack(
+            [(losses * real).sum(), (correct * real).sum(), (counts * real).sum(), real.sum()]
+        )
+    model.train(was_training)
+    dist.all_reduce(totals)
+    loss_sum, correct, elements, samples = totals.tolist()
+    return {"loss": loss_sum / elements, "accuracy": correct / elements, "samples": samples}

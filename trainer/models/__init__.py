@@ -1,0 +1,18 @@
+"""Models behind one registry; a user's own plugs in as `package.module:function`."""
+
+from torch import nn
+
+from trainer.config import ConfigError, ModelConfig
+from trainer.data.base import DataSpec
+from trainer.models import cnn, mlp, transformer  # noqa: F401  (registers the built-ins)
+from trainer.models.base import MODELS
+
+__all__ = ["MODELS", "build_model"]
+
+
+def build_model(config: ModelConfig, spec: DataSpec) -> nn.Module:
+    """The configured model; plug-ins are `package.module:function(model_config, data_spec)`."""
+    model = MODELS.resolve(config.name)(config, spec)
+    if not isinstance(model, nn.Module):
+        raise ConfigError("model.name", config.name, "a model builder must return a torch.nn.Module")
+    return model

@@ -1,0 +1,52 @@
+"""Named builders plus user plug-ins by import path (`package.module:function`).
+
+Datasets and models share this so that a user's own code plugs in the same way for both.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from trainer.config import ConfigError
+
+Builder = TypeVar("Builder", bound=Callable)
+
+
+class Registry(Generic[Builder]):
+    """A table of builders keyed by name; other names are resolved as `module:attribute`."""
+
+    def __init__(self, key: str, kind: str) -> None:
+        self.key, self.kind = key, kind
+        self._builders: dict[str, Builder] = {}
+
+    def register(self, name: str) -> Callable[[Builder], Builder]:
+        """Decorator that adds a builder under `name`."""
+
+        def add(builder: Builder) -> Builder:
+            self._builders[name] = builder
+            return builder
+
+        return add
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._builders)
+
+    def resolve(self, name: str) -> Builder:
+        """The builder for `name`, or a ConfigError naming the key and the allowed values."""
+        if name in self._builders:
+            return self._builders[name]
+        allowed = f"allowed: {', '.join(self.names)} or package.module:function"
+        module_name, colon, attribute = name.partition(":")
+        if not colon or not module_name or not attribute:
+            raise ConfigError(self.key, name, f"unknown {self.kind}; {allowed}")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            raise ConfigError(self.key, name, f"cannot import {module_name} ({error})") from None
+        builder = getattr(module, attribute, None)
+        if not callable(builder):
+            raise ConfigError(self.key, name, f"{module_name} has no callable {attribute!r}")
+        return builder
