@@ -389,8 +389,11 @@ def _plural(count: int, singular: str, plural: str | None = None) -> str:
 
 
 def _duration(seconds: float) -> str:
+    """`4.2s` under a minute, else `m:ss` or `h:mm:ss`."""
     if not math.isfinite(seconds):
         return "?"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"

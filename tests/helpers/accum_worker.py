@@ -1,0 +1,74 @@
+"""Under torchrun: one step accumulated over 4 micro-batches vs one step on the 4x batch.
+
+Counts DDP's gradient all-reduces through a comm hook, and writes the largest parameter
+difference between the two models; rank 0 writes JSON."""
+
+import copy
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer.step import train_step
+
+MICRO_STEPS, MICRO_BATCH = 4, 8
+
+
+def counted(model: nn.Module) -> tuple[DistributedDataParallel, list[int]]:
+    calls = [0]
+
+    def hook(state, bucket):
+        calls[0] += 1
+        return allreduce_hook(state, bucket)
+
+    wrapped = DistributedDataParallel(model)
+    wrapped.register_comm_hook(None, hook)
+    return wrapped, calls
+
+
+def step(model: DistributedDataParallel, batches) -> None:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    train_step(model, batches, optimizer, scaler, amp="off", clip_grad_norm=1.0)
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    generator = torch.Generator().manual_seed(100 + dist.get_rank())
+    inputs = torch.randn(MICRO_STEPS * MICRO_BATCH, 6, generator=generator)
+    targets = torch.randint(0, 3, (MICRO_STEPS * MICRO_BATCH,), generator=generator)
+
+    accumulated, accumulated_calls = counted(copy.deepcopy(base))
+    micro = list(zip(inputs.split(MICRO_BATCH), targets.split(MICRO_BATCH), strict=True))
+    step(accumulated, micro)
+
+    big, big_calls = counted(copy.deepcopy(base))
+    step(big, [(inputs, targets)])
+
+    difference = max(
+        (a - b).abs().max().item() for a, b in zip(accumulated.parameters(), big.parameters(), strict=True)
+    )
+    moved = max((a - b).abs().max().item() for a, b in zip(big.parameters(), base.parameters(), strict=True))
+    if dist.get_rank() == 0:
+        with open(sys.argv[1], "w") as handle:
+            json.dump(
+                {
+                    "accumulated_allreduce_calls": accumulated_calls[0],
+                    "big_batch_allreduce_calls": big_calls[0],
+                    "max_difference": difference,
+                    "max_update": moved,
+                },
+                handle,
+            )
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

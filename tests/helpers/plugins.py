@@ -1,0 +1,62 @@
+"""Plug-ins the trainer loads by import path in tests (`data.name=plugins:slow_digits`).
+
+They wrap the real digits data: one slows reading down so a test can kill a worker
+mid-run, one records which sample indices each rank reads."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from torch import nn
+from torch.utils.data import Dataset
+
+from trainer.config import DataConfig, ModelConfig
+from trainer.data.base import DataSpec, DataSplits
+from trainer.data.digits import build_digits
+
+
+class SlowDataset(Dataset):
+    def __init__(self, inner: Dataset, delay_s: float) -> None:
+        self.inner, self.delay_s = inner, delay_s
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int):
+        time.sleep(self.delay_s)
+        return self.inner[index]
+
+
+class RecordingDataset(Dataset):
+    def __init__(self, inner: Dataset, record: Path) -> None:
+        self.inner, self.record = inner, record
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int):
+        with open(self.record, "a") as handle:
+            handle.write(f"{index}\n")
+        return self.inner[index]
+
+
+def slow_digits(config: DataConfig, seed: int) -> DataSplits:
+    splits = build_digits(config, seed)
+    return replace(splits, train=SlowDataset(splits.train, float(config.options.get("delay_s", 0.001))))
+
+
+def recording_digits(config: DataConfig, seed: int) -> DataSplits:
+    splits = build_digits(config, seed)
+    record = Path(config.options["record_dir"]) / f"rank{os.environ.get('RANK', '0')}.txt"
+    return replace(splits, train=RecordingDataset(splits.train, record))
+
+
+def linear_model(config: ModelConfig, spec: DataSpec) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, spec.num_classes))
+
+
+def not_splits(config: DataConfig, seed: int) -> list:
+    return [1, 2, 3]

@@ -1,0 +1,125 @@
+"""The commit protocol on a real directory: what counts as saved, what survives, what loads."""
+
+import json
+import logging
+
+import pytest
+import torch
+
+from trainer.checkpoint import Checkpointer, LocalStore, open_store
+from trainer.config import ConfigError
+
+
+class RecordingStore(LocalStore):
+    """A real LocalStore that also records the order of its writes."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.calls = []
+
+    def put_step(self, step, files):
+        self.calls.append(("put_step", step, list(files)))
+        super().put_step(step, files)
+
+    def put(self, name, data):
+        self.calls.append(("put", name))
+        super().put(name, data)
+
+
+class CrashBeforeCommit(LocalStore):
+    """A real LocalStore whose process 'dies' after publishing a step but before latest.json."""
+
+    def put(self, name, data):
+        raise KeyboardInterrupt("killed")
+
+
+def state(value: float) -> dict:
+    return {"model": {"weight": torch.full((3,), value)}, "progress": {"step": int(value)}}
+
+
+def test_checkpoint_then_manifest_then_latest(tmp_path):
+    store = RecordingStore(tmp_path)
+    store.prepare()
+    Checkpointer(store, keep_last=0).save(state(1), step=10, epoch=0, world_size=2)
+    assert store.calls == [("put_step", 10, ["checkpoint.pt", "manifest.json"]), ("put", "latest.json")]
+    manifest = json.loads((tmp_path / "step-10" / "manifest.json").read_text())
+    assert {"sha256", "bytes", "step", "epoch", "world_size", "created_at"} <= set(manifest)
+    assert manifest["bytes"] == (tmp_path / "step-10" / "checkpoint.pt").stat().st_size
+    assert json.loads((tmp_path / "latest.json").read_text())["step"] == 10
+
+
+def test_saved_state_round_trips_with_weights_only(tmp_path):
+    checkpointer = Checkpointer(LocalStore(tmp_path), keep_last=0)
+    checkpointer.store.prepare()
+    checkpointer.save(state(3), step=3, epoch=0, world_size=1)
+    assert checkpointer.find_resumable() == 3
+    loaded = checkpointer.load(3)
+    assert torch.equal(loaded["model"]["weight"], torch.full((3,), 3.0))
+    raw = torch.load(tmp_path / "step-3" / "checkpoint.pt", weights_only=True)
+    assert raw["progress"]["step"] == 3
+
+
+def test_a_step_not_named_by_latest_is_not_trusted(tmp_path):
+    good = Checkpointer(LocalStore(tmp_path), keep_last=0)
+    good.store.prepare()
+    good.save(state(1), step=1, epoch=0, world_size=1)
+    with pytest.raises(KeyboardInterrupt):
+        Checkpointer(CrashBeforeCommit(tmp_path), keep_last=0).save(state(2), step=2, epoch=0, world_size=1)
+    assert (tmp_path / "step-2").exists()
+    assert good.find_resumable() == 1
+
+
+def test_interrupted_writes_leave_no_step_and_are_cleaned(tmp_path):
+    store = LocalStore(tmp_path)
+    store.prepare()
+    (tmp_path / ".step-7.tmp-deadbeef").mkdir()
+    (tmp_path / ".step-7.tmp-deadbeef" / "checkpoint.pt").write_bytes(b"half")
+    assert store.steps() == []
+    store.prepare()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_corrupt_bytes_fall_back_to_the_previous_step(tmp_path, caplog):
+    checkpointer = Checkpointer(LocalStore(tmp_path), keep_last=0)
+    checkpointer.store.prepare()
+    checkpointer.save(state(1), step=1, epoch=0, world_size=1)
+    checkpointer.save(state(2), step=2, epoch=0, world_size=1)
+    blob = tmp_path / "step-2" / "checkpoint.pt"
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
+        assert checkpointer.find_resumable() == 1
+    assert "step 2" in caplog.text and "sha256" in caplog.text
+
+
+def test_retention_keeps_the_newest_latest_and_resumed_from(tmp_path):
+    checkpointer = Checkpointer(LocalStore(tmp_path), keep_last=2)
+    checkpointer.store.prepare()
+    checkpointer.protected.add(1)
+    for step in range(1, 7):
+        checkpointer.save(state(step), step=step, epoch=0, world_size=1)
+    assert checkpointer.store.steps() == [1, 5, 6]
+    assert checkpointer.find_resumable() == 6
+
+
+def test_replaying_a_step_after_a_restart_replaces_the_old_copy(tmp_path):
+    checkpointer = Checkpointer(LocalStore(tmp_path), keep_last=0)
+    checkpointer.store.prepare()
+    checkpointer.save(state(4), step=4, epoch=0, world_size=1)
+    checkpointer.save(state(5), step=4, epoch=0, world_size=1)
+    assert torch.equal(checkpointer.load(4)["model"]["weight"], torch.full((3,), 5.0))
+
+
+def test_store_for_uri(tmp_path):
+    assert isinstance(open_store(str(tmp_path)), LocalStore)
+    assert open_store(f"file://{tmp_path}").root == tmp_path
+    with pytest.raises(ConfigError, match="unsupported scheme 'gs'"):
+        open_store("gs://bucket/prefix")
+
+
+def test_an_unwritable_location_is_found_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="not writable"):
+        LocalStore(blocker / "sub").prepare()

@@ -1,0 +1,56 @@
+"""`--set` parsing follows Helm's strvals rules."""
+
+import pytest
+
+from trainer.overrides import OverrideError, deep_merge, parse_set, typed_scalar
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("true", True),
+        ("False", False),
+        ("null", None),
+        ("42", 42),
+        ("-3", -3),
+        ("0", 0),
+        ("007", "007"),
+        ("3e-4", "3e-4"),
+        ("0.5", "0.5"),
+        ("s3://b/p", "s3://b/p"),
+    ],
+)
+def test_scalars_are_typed_like_helm(text, value):
+    assert typed_scalar(text) == value
+    assert type(typed_scalar(text)) is type(value)
+
+
+def test_nested_keys_lists_indices_and_several_pairs():
+    tree = parse_set("train.batch_size=16,optim.betas={0.9,0.95},data.options.files[1]=b")
+    assert tree == {
+        "train": {"batch_size": 16},
+        "optim": {"betas": ["0.9", "0.95"]},
+        "data": {"options": {"files": [None, "b"]}},
+    }
+
+
+def test_escapes_keep_commas_dots_and_equals_in_values():
+    tree = parse_set(r"data.options.name=a\,b\=c,data.options.dotted\.key=1")
+    assert tree == {"data": {"options": {"name": "a,b=c", "dotted.key": 1}}}
+
+
+def test_values_may_contain_equals_signs():
+    assert parse_set("checkpoint.uri=/tmp/x=y") == {"checkpoint": {"uri": "/tmp/x=y"}}
+
+
+@pytest.mark.parametrize("expression", ["train.batch_size", "a..b=1", "=3"])
+def test_malformed_expressions_are_rejected(expression):
+    with pytest.raises(OverrideError):
+        parse_set(expression)
+
+
+def test_deep_merge_replaces_leaves_and_merges_sections():
+    base = {"train": {"epochs": 3, "amp": "off"}, "seed": 1}
+    merged = deep_merge(base, {"train": {"epochs": 5}, "seed": 2})
+    assert merged == {"train": {"epochs": 5, "amp": "off"}, "seed": 2}
+    assert base["train"]["epochs"] == 3

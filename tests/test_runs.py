@@ -1,0 +1,294 @@
+"""Real training runs: `python -m trainer` and `torchrun` worker processes on loopback with gloo."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import (
+    load_checkpoint,
+    process_env,
+    run_helper,
+    run_torchrun,
+    run_trainer,
+    torchrun_command,
+)
+from eval_worker import datasets_and_models
+
+QUICK = ["--config", "digits", "--set", "log.every_steps=5"]
+
+
+@pytest.mark.slow
+def test_two_rank_demo_run(workdir, tmp_path):
+    """The demo under torchrun: rank 0 tells the story, rank 1 stays silent and writes nothing,
+    and the checkpoint holds plain module weights that load with weights_only=True."""
+    logs, audit = tmp_path / "logs", tmp_path / "audit"
+    audit.mkdir()
+    checkpoints = workdir / "ckpt"
+    env = process_env({"AUDIT_ROOT": str(checkpoints), "AUDIT_LOG_DIR": str(audit)}, audit=True)
+    args = [*QUICK, "--set", "checkpoint.uri=ckpt,checkpoint.every_steps=40,train.epochs=4"]
+    launcher = ["--standalone", f"--log-dir={logs}", "--redirects=3"]
+    completed = run_torchrun(args, workdir, launcher=launcher, env=env)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+
+    rank_dirs = {path.name: path for path in logs.glob("*/attempt_0/*")}
+    assert set(rank_dirs) == {"0", "1"}
+    assert (rank_dirs["1"] / "stdout.log").read_text() == ""
+    assert (rank_dirs["1"] / "stderr.log").read_text() == ""
+    rank0 = (rank_dirs["0"] / "stdout.log").read_text()
+    assert "world size 2 (1 node x 2 processes)" in rank0
+    assert "global batch 32 per rank x 2 ranks x 1 accumulation = 64" in rank0
+    assert "epoch 4/4 step 76/76" in rank0
+    summary = rank0.strip().splitlines()[-1]
+    assert "done: 76 steps, 4 epochs" in summary and "test loss" in summary
+    test_accuracy = float(summary.split("test loss")[1].split("accuracy ")[1].split("%")[0])
+    assert test_accuracy > 85
+
+    assert (audit / "rank0.log").read_text().count("checkpoint.pt") >= 2
+    assert not (audit / "rank1.log").exists() or (audit / "rank1.log").read_text() == ""
+
+    state = load_checkpoint(checkpoints)
+    assert state["progress"]["step"] == 76 and state["world_size"] == 2
+    assert not any(key.startswith("module.") for key in state["model"])
+    assert len(state["rng"]) == 2 and state["config"]["train"]["epochs"] == 4
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest.json", "step-40", "step-76"]
+
+
+def test_python_m_trainer_runs_as_a_world_of_one(workdir):
+    completed = run_trainer([*QUICK, "--set", "train.max_steps=12"], workdir)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "world size 1 (1 node x 1 process)" in completed.stdout
+    assert "32 per rank x 1 ranks x 1 accumulation = 32" in completed.stdout
+    assert load_checkpoint(workdir / "checkpoints" / "digits")["progress"]["step"] == 12
+
+
+def test_json_log_lines(workdir):
+    completed = run_trainer([*QUICK, "--set", "train.max_steps=10,log.format=json"], workdir)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    documents = [json.loads(line) for line in completed.stdout.splitlines()]
+    events = [document["event"] for document in documents]
+    assert events[0] == "start" and events[-1] == "summary"
+    assert {"batch_math", "progress", "checkpoint", "validation"} <= set(events)
+    progress = next(document for document in documents if document["event"] == "progress")
+    assert {
+        "epoch",
+        "step",
+        "total_steps",
+        "loss",
+        "lr",
+        "samples_per_second",
+        "data_wait_share",
+        "eta_seconds",
+    } <= set(progress)
+    assert documents[0]["global_batch"] == 32 and documents[-1]["test_accuracy"] is not None
+
+
+def test_exact_distributed_evaluation_equals_one_process(tmp_path):
+    expected = {}
+    for name, (dataset, model) in datasets_and_models().items():
+        inputs, targets = dataset.tensors
+        with torch.no_grad():
+            logits = model(inputs)
+        flat_logits, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+        expected[name] = {
+            "loss": F.cross_entropy(flat_logits, flat_targets).item(),
+            "accuracy": (flat_logits.argmax(-1) == flat_targets).double().mean().item(),
+            "samples": len(dataset),
+        }
+    for world in (2, 3):
+        measured = run_helper("eval_worker.py", tmp_path / f"eval{world}.json", nproc=world, cwd=tmp_path)
+        for name, values in expected.items():
+            assert measured[name]["samples"] == values["samples"]
+            assert math.isclose(measured[name]["accuracy"], values["accuracy"], rel_tol=1e-12)
+            assert math.isclose(measured[name]["loss"], values["loss"], rel_tol=1e-6)
+
+
+def test_accumulation_under_no_sync_equals_one_large_batch(tmp_path):
+    result = run_helper("accum_worker.py", tmp_path / "accum.json", nproc=2, cwd=tmp_path)
+    assert result["accumulated_allreduce_calls"] == result["big_batch_allreduce_calls"] >= 1
+    assert result["max_update"] > 1e-3
+    assert result["max_difference"] < 1e-6
+
+
+def test_bad_config_under_torchrun_is_the_root_cause(workdir):
+    completed = run_torchrun(["--set", "train.batch_size=0"], workdir)
+    assert completed.returncode != 0
+    assert "trainer: error: train.batch_size=0: must be greater than 0" in completed.stderr
+    assert "exitcode  : 2" in completed.stderr
+    assert list(workdir.iterdir()) == []
+
+
+def test_incompatible_checkpoint_is_a_clear_error(workdir):
+    first = run_trainer([*QUICK, "--set", "train.max_steps=5"], workdir)
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = sorted((workdir / "checkpoints" / "digits").rglob("*"))
+    second = run_trainer([*QUICK, "--set", "train.max_steps=10,model.name=mlp"], workdir)
+    assert second.returncode == 2
+    last = second.stderr.strip().splitlines()[-1]
+    assert "step 5 holds a different model than model.name=mlp" in last
+    assert "Traceback" not in second.stderr
+    assert sorted((workdir / "checkpoints" / "digits").rglob("*")) == saved
+
+
+def test_early_stopping_ends_the_run_and_a_restart_only_tests(workdir):
+    args = [*QUICK, "--set", "train.early_stopping.patience=1,train.early_stopping.min_delta=100"]
+    first = run_trainer(args, workdir)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "early stopping after epoch 2" in first.stdout
+    state = load_checkpoint(workdir / "checkpoints" / "digits")
+    assert state["progress"]["stopped_early"] and state["progress"]["epoch"] == 2
+    again = run_trainer(args, workdir)
+    assert again.returncode == 0 and "already complete" in again.stdout
+
+
+def checkpoint_step(root: Path) -> int:
+    try:
+        return json.loads((root / "latest.json").read_text())["step"]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return -1
+
+
+def kill_rank_when(agent: subprocess.Popen, rank: int, ready) -> int:
+    """SIGKILL the worker of `rank` under the torchrun agent once `ready()` holds; its pid."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert agent.poll() is None, "the run ended before the kill"
+        if ready():
+            for child in psutil.Process(agent.pid).children(recursive=True):
+                try:
+                    if child.environ().get("RANK") == str(rank):
+                        os.kill(child.pid, signal.SIGKILL)
+                        return child.pid
+                except psutil.NoSuchProcess:
+                    continue
+        time.sleep(0.01)
+    raise AssertionError("no worker to kill")
+
+
+@pytest.mark.slow
+def test_sigkill_and_restart_resumes_bitwise_identically(workdir):
+    """A worker SIGKILLed after a checkpoint, restarted by torchrun, ends with the same bits
+    as an uninterrupted run; dropout is on, so RNG restore is part of what is checked."""
+    common = [
+        "--config",
+        "digits",
+        "--set",
+        "data.name=plugins:slow_digits,data.options.delay_s=0.002,train.max_steps=60,"
+        "checkpoint.every_steps=10,model.dropout=0.3,log.every_steps=10",
+    ]
+    reference = run_torchrun([*common, "--set", "checkpoint.uri=reference"], workdir)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    interrupted = workdir / "interrupted"
+    agent = subprocess.Popen(
+        torchrun_command(
+            [*common, "--set", "checkpoint.uri=interrupted"], launcher=["--standalone", "--max-restarts=1"]
+        ),
+        cwd=workdir,
+        # as the chart deploys it: with the agent's shared store, a restarted round can read
+        # the previous round's gloo addresses and fail to connect (FACTS.md, pytorch#135712)
+        env=process_env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    kill_rank_when(agent, 1, lambda: checkpoint_step(interrupted) >= 20)
+    stdout, stderr = agent.communicate(timeout=240)
+    assert agent.returncode == 0, stderr[-3000:]
+    assert "restart 1" in stdout and "resumed from step" in stdout
+
+    expected, resumed = load_checkpoint(workdir / "reference"), load_checkpoint(interrupted)
+    assert expected["progress"] == resumed["progress"] and resumed["progress"]["step"] == 60
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, resumed["model"][name]), name
+    for a, b in zip(
+        expected["optimizer"]["state"].values(), resumed["optimizer"]["state"].values(), strict=True
+    ):
+        assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+
+
+def read_indices(folder: Path) -> dict[str, list[int]]:
+    return {
+        path.stem: [int(line) for line in path.read_text().split()]
+        for path in sorted(folder.glob("rank*.txt"))
+    }
+
+
+@pytest.mark.slow
+def test_mid_epoch_resume_continues_the_epoch_order(workdir):
+    """Stop at step 25 (mid epoch 2 of 19-step epochs), resume to 38: each rank reads
+    exactly the samples, in the order, that an uninterrupted run to 38 reads."""
+
+    def run(record: str, uri: str, steps: int):
+        (workdir / record).mkdir(exist_ok=True)
+        overrides = (
+            f"data.name=plugins:recording_digits,data.options.record_dir={workdir / record},"
+            f"checkpoint.uri={uri},train.max_steps={steps},optim.schedule=constant"
+        )
+        completed = run_torchrun(["--config", "digits", "--set", overrides], workdir)
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        return completed
+
+    run("whole", "whole", 38)
+    run("first", "split", 25)
+    second = run("second", "split", 38)
+    assert "resumed from step 25" in second.stdout
+
+    whole, first, rest = (
+        read_indices(workdir / "whole"),
+        read_indices(workdir / "first"),
+        read_indices(workdir / "second"),
+    )
+    for rank in ("rank0", "rank1"):
+        assert first[rank] + rest[rank] == whole[rank]
+    per_step = 32
+    epoch_two = [i for rank in ("rank0", "rank1") for i in first[rank][19 * per_step :] + rest[rank]]
+    assert len(epoch_two) == len(set(epoch_two)) == 19 * 64
+
+
+@pytest.mark.slow
+def test_two_nodes_from_the_operators_pet_environment(workdir):
+    """Two torchrun agents configured only by the PET_* variables that the Kubeflow operator
+    injects for an elastic c10d job, as two 'pods' on loopback."""
+    from conftest import free_port
+
+    pet = {
+        "PET_NNODES": "2",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",
+        "PET_RDZV_ID": "ddp-run-test",
+        "PET_MAX_RESTARTS": "0",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
+    command = [
+        c
+        for c in torchrun_command([*QUICK, "--set", "train.max_steps=20"], launcher=[])
+        if not c.startswith("--nproc_per_node")
+    ]
+    nodes = [
+        subprocess.Popen(
+            command,
+            cwd=workdir,
+            env=process_env(pet),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [node.communicate(timeout=240) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], [err[-2000:] for _, err in outputs]
+    banners = [out for out, _ in outputs if "rank 0 on host" in out]
+    assert len(banners) == 1
+    assert "world size 2 (2 nodes x 1 process)" in banners[0] and "run id ddp-run-test" in banners[0]
+    assert load_checkpoint(workdir / "checkpoints" / "digits")["world_size"] == 2
