@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
+import pty
 import signal
+import struct
 import subprocess
+import sys
+import termios
 import time
 from pathlib import Path
 
@@ -69,6 +74,38 @@ def test_python_m_trainer_runs_as_a_world_of_one(workdir):
     assert "world size 1 (1 node x 1 process)" in completed.stdout
     assert "32 per rank x 1 ranks x 1 accumulation = 32" in completed.stdout
     assert load_checkpoint(workdir / "checkpoints" / "digits")["progress"]["step"] == 12
+
+
+def test_progress_bar_only_on_a_terminal(workdir):
+    args = [sys.executable, "-m", "trainer", *QUICK, "--set", "train.max_steps=8"]
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    process = subprocess.Popen(args, cwd=workdir, env=process_env(), stdout=secondary, stderr=subprocess.PIPE)
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # EIO once the child has closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(primary)
+    assert process.wait(timeout=60) == 0
+    on_terminal = b"".join(chunks).decode(errors="replace")
+    assert "8/8" in on_terminal and "step/s" in on_terminal
+    piped = run_trainer([*QUICK, "--set", "train.max_steps=8,checkpoint.uri=piped"], workdir)
+    assert piped.returncode == 0 and "step/s" not in piped.stdout + piped.stderr
+
+
+def test_bf16_autocast_and_loader_workers_on_cpu(workdir):
+    overrides = "train.amp=bf16,data.num_workers=2,train.max_steps=45,log.every_steps=45"
+    completed = run_trainer(["--config", "digits", "--set", overrides], workdir)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    progress = next(line for line in completed.stdout.splitlines() if "step 45/45" in line)
+    assert math.isfinite(float(progress.split(" loss ")[1].split()[0]))
+    assert "validation after step 39" in completed.stdout
 
 
 def test_json_log_lines(workdir):

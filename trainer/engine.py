@@ -179,6 +179,7 @@ class Trainer:
         bar = tqdm(
             total=self.total_steps,
             initial=self.progress.step,
+            file=sys.stdout,
             disable=not (self.context.is_main and sys.stdout.isatty()),
             unit="step",
             dynamic_ncols=True,
