@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -106,11 +113,91 @@ def run_helper(script: str, output: Path, *, nproc: int, cwd: Path) -> dict:
     return json.loads(output.read_text())
 
 
+def kill_rank_when(agent: subprocess.Popen, rank: int, ready) -> int:
+    """SIGKILL the worker of `rank` under the torchrun agent once `ready()` holds; its pid."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert agent.poll() is None, "the run ended before the kill"
+        if ready():
+            for child in psutil.Process(agent.pid).children(recursive=True):
+                try:
+                    if child.environ().get("RANK") == str(rank):
+                        os.kill(child.pid, signal.SIGKILL)
+                        return child.pid
+                except psutil.NoSuchProcess:
+                    continue
+        time.sleep(0.01)
+    raise AssertionError("no worker to kill")
+
+
 def load_checkpoint(root: Path, step: int | None = None) -> dict:
     """A checkpoint as any consumer would load it: tensors only."""
     if step is None:
         step = json.loads((root / "latest.json").read_text())["step"]
     return torch.load(root / f"step-{step}" / "checkpoint.pt", weights_only=True)
+
+
+@dataclass
+class S3Bucket:
+    """A bucket on the moto server, the environment a trainer needs to reach it, and a
+    client for the test's own looks."""
+
+    name: str
+    endpoint: str
+    env: dict[str, str]
+    client: object
+
+    def uri(self, prefix: str) -> str:
+        return f"s3://{self.name}/{prefix}"
+
+    def latest_step(self, prefix: str) -> int | None:
+        try:
+            body = self.client.get_object(Bucket=self.name, Key=f"{prefix}/latest.json")["Body"].read()
+        except self.client.exceptions.NoSuchKey:
+            return None
+        return json.loads(body)["step"]
+
+    def load(self, prefix: str, step: int | None = None) -> dict:
+        step = self.latest_step(prefix) if step is None else step
+        body = self.client.get_object(Bucket=self.name, Key=f"{prefix}/step-{step}/checkpoint.pt")["Body"]
+        return torch.load(io.BytesIO(body.read()), weights_only=True)
+
+
+AWS_TEST_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_REGION": "us-east-1",
+}
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[str]:
+    """moto's S3 in server mode over real HTTP on 127.0.0.1."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+def s3_env(endpoint: str, **extra: str) -> dict[str, str]:
+    """Standard AWS variables only: what a pod would get from a Secret or IRSA."""
+    return process_env({**AWS_TEST_ENV, "AWS_ENDPOINT_URL": endpoint, **extra})
+
+
+@pytest.fixture
+def s3_bucket(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> S3Bucket:
+    import boto3
+
+    for key, value in {**AWS_TEST_ENV, "AWS_ENDPOINT_URL": moto_server}.items():
+        monkeypatch.setenv(key, value)
+    client = boto3.client("s3")
+    name = f"ckpt-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=name)
+    return S3Bucket(name, moto_server, s3_env(moto_server), client)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trainer.checkpoint import Checkpointer, LocalStore, open_store
-from trainer.config import ConfigError
+from trainer.config import CheckpointConfig, ConfigError
 
 
 class RecordingStore(LocalStore):
@@ -40,7 +40,7 @@ def state(value: float) -> dict:
 def test_checkpoint_then_manifest_then_latest(tmp_path):
     store = RecordingStore(tmp_path)
     store.prepare()
-    Checkpointer(store, keep_last=0).save(state(1), step=10, epoch=0, world_size=2)
+    Checkpointer(store, keep_last=0, cache=tmp_path / "cache").save(state(1), step=10, epoch=0, world_size=2)
     assert store.calls == [("put_step", 10, ["checkpoint.pt", "manifest.json"]), ("put", "latest.json")]
     manifest = json.loads((tmp_path / "step-10" / "manifest.json").read_text())
     assert {"sha256", "bytes", "step", "epoch", "world_size", "created_at"} <= set(manifest)
@@ -49,7 +49,7 @@ def test_checkpoint_then_manifest_then_latest(tmp_path):
 
 
 def test_saved_state_round_trips_with_weights_only(tmp_path):
-    checkpointer = Checkpointer(LocalStore(tmp_path), keep_last=0)
+    checkpointer = Checkpointer(LocalStore(tmp_path), keep_last=0, cache=tmp_path / "cache")
     checkpointer.store.prepare()
     checkpointer.save(state(3), step=3, epoch=0, world_size=1)
     assert checkpointer.find_resumable() == 3
@@ -60,11 +60,13 @@ def test_saved_state_round_trips_with_weights_only(tmp_path):
 
 
 def test_a_step_not_named_by_latest_is_not_trusted(tmp_path):
-    good = Checkpointer(LocalStore(tmp_path), keep_last=0)
+    good = Checkpointer(LocalStore(tmp_path), keep_last=0, cache=tmp_path / "cache")
     good.store.prepare()
     good.save(state(1), step=1, epoch=0, world_size=1)
     with pytest.raises(KeyboardInterrupt):
-        Checkpointer(CrashBeforeCommit(tmp_path), keep_last=0).save(state(2), step=2, epoch=0, world_size=1)
+        Checkpointer(CrashBeforeCommit(tmp_path), keep_last=0, cache=tmp_path / "cache").save(
+            state(2), step=2, epoch=0, world_size=1
+        )
     assert (tmp_path / "step-2").exists()
     assert good.find_resumable() == 1
 
@@ -80,7 +82,7 @@ def test_interrupted_writes_leave_no_step_and_are_cleaned(tmp_path):
 
 
 def test_corrupt_bytes_fall_back_to_the_previous_step(tmp_path, caplog):
-    checkpointer = Checkpointer(LocalStore(tmp_path), keep_last=0)
+    checkpointer = Checkpointer(LocalStore(tmp_path), keep_last=0, cache=tmp_path / "cache")
     checkpointer.store.prepare()
     checkpointer.save(state(1), step=1, epoch=0, world_size=1)
     checkpointer.save(state(2), step=2, epoch=0, world_size=1)
@@ -94,7 +96,7 @@ def test_corrupt_bytes_fall_back_to_the_previous_step(tmp_path, caplog):
 
 
 def test_retention_keeps_the_newest_latest_and_resumed_from(tmp_path):
-    checkpointer = Checkpointer(LocalStore(tmp_path), keep_last=2)
+    checkpointer = Checkpointer(LocalStore(tmp_path), keep_last=2, cache=tmp_path / "cache")
     checkpointer.store.prepare()
     checkpointer.protected.add(1)
     for step in range(1, 7):
@@ -104,7 +106,7 @@ def test_retention_keeps_the_newest_latest_and_resumed_from(tmp_path):
 
 
 def test_replaying_a_step_after_a_restart_replaces_the_old_copy(tmp_path):
-    checkpointer = Checkpointer(LocalStore(tmp_path), keep_last=0)
+    checkpointer = Checkpointer(LocalStore(tmp_path), keep_last=0, cache=tmp_path / "cache")
     checkpointer.store.prepare()
     checkpointer.save(state(4), step=4, epoch=0, world_size=1)
     checkpointer.save(state(5), step=4, epoch=0, world_size=1)
@@ -112,10 +114,12 @@ def test_replaying_a_step_after_a_restart_replaces_the_old_copy(tmp_path):
 
 
 def test_store_for_uri(tmp_path):
-    assert isinstance(open_store(str(tmp_path)), LocalStore)
-    assert open_store(f"file://{tmp_path}").root == tmp_path
+    assert isinstance(open_store(CheckpointConfig(uri=str(tmp_path))), LocalStore)
+    assert open_store(CheckpointConfig(uri=f"file://{tmp_path}")).root == tmp_path
     with pytest.raises(ConfigError, match="unsupported scheme 'gs'"):
-        open_store("gs://bucket/prefix")
+        open_store(CheckpointConfig(uri="gs://bucket/prefix"))
+    with pytest.raises(ConfigError, match="valid bucket name"):
+        open_store(CheckpointConfig(uri="s3://B_/prefix"))
 
 
 def test_an_unwritable_location_is_found_before_training(tmp_path):

@@ -7,19 +7,17 @@ import json
 import math
 import os
 import pty
-import signal
 import struct
 import subprocess
 import sys
 import termios
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import (
+    kill_rank_when,
     load_checkpoint,
     process_env,
     run_helper,
@@ -192,23 +190,6 @@ def checkpoint_step(root: Path) -> int:
         return json.loads((root / "latest.json").read_text())["step"]
     except (FileNotFoundError, json.JSONDecodeError):
         return -1
-
-
-def kill_rank_when(agent: subprocess.Popen, rank: int, ready) -> int:
-    """SIGKILL the worker of `rank` under the torchrun agent once `ready()` holds; its pid."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert agent.poll() is None, "the run ended before the kill"
-        if ready():
-            for child in psutil.Process(agent.pid).children(recursive=True):
-                try:
-                    if child.environ().get("RANK") == str(rank):
-                        os.kill(child.pid, signal.SIGKILL)
-                        return child.pid
-                except psutil.NoSuchProcess:
-                    continue
-        time.sleep(0.01)
-    raise AssertionError("no worker to kill")
 
 
 @pytest.mark.slow

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
+import signal
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer.checkpoint import Checkpointer, open_store, rng
-from trainer.config import Config, ConfigError, bundled_config_names, dump_yaml, load_config
+from trainer.config import CheckpointConfig, Config, ConfigError, bundled_config_names, dump_yaml, load_config
 from trainer.data import DATASETS, build_data
 from trainer.distributed import DistContext, cuda_available, process_group, read_env, select_device
 from trainer.engine import Trainer, steps_per_epoch
@@ -46,12 +50,20 @@ def check_environment(config: Config) -> None:
     """Checks that need more than the schema: plug-ins import, URI scheme, device and AMP."""
     DATASETS.resolve(config.data.name)
     MODELS.resolve(config.model.name)
-    open_store(config.checkpoint.uri)
+    open_store(config.checkpoint)
     device, amp = config.train.device, config.train.amp
     if device == "cuda" and not cuda_available():
         raise ConfigError("train.device", device, "no CUDA device is visible; use auto or cpu")
     if amp == "fp16" and (device == "cpu" or not cuda_available()):
         raise ConfigError("train.amp", amp, "fp16 needs a CUDA device; use bf16 or off on CPU")
+
+
+def cache_dir(config: CheckpointConfig) -> Path:
+    """Node-local folder for downloaded checkpoints, one per checkpoint location."""
+    if config.cache_dir:
+        return Path(config.cache_dir)
+    digest = hashlib.sha256(config.uri.encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / "ddp-trainer-cache" / digest
 
 
 def report(error: ConfigError, context: DistContext) -> int:
@@ -80,12 +92,15 @@ def train(config: Config, context: DistContext) -> int:
         splits = build_data(config.data, config.seed)
         module = build_model(config.model, splits.spec)
         steps_per_epoch(len(splits.train), config.train, context.world_size)
-        checkpointer = Checkpointer(open_store(config.checkpoint.uri), config.checkpoint.keep_last)
+        checkpointer = Checkpointer(
+            open_store(config.checkpoint), config.checkpoint.keep_last, cache_dir(config.checkpoint)
+        )
         if context.is_main:
-            refuse_overwrite(config, checkpointer)
             checkpointer.store.prepare()
+            refuse_overwrite(config, checkpointer)
     except ConfigError as error:
         return report(error, context)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     rng.seed_everything(config.seed * 65537 + context.rank + 1)  # distinct dropout per rank
     device = select_device(config.train.device, context)
     with process_group(context, device):
@@ -94,6 +109,11 @@ def train(config: Config, context: DistContext) -> int:
         except ConfigError as error:
             return report(error, context)
     return 0
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """torchrun forwards SIGTERM on shutdown; unwinding lets rank 0 finish its checkpoint."""
+    raise SystemExit(128 + signum)
 
 
 @record

@@ -122,12 +122,23 @@ class OptimConfig:
 
 @dataclass(config=_SECTION)
 class CheckpointConfig:
-    """Where checkpoints go, how often, how many stay, and whether a start resumes."""
+    """Where checkpoints go, how often, how many stay, and whether a start resumes.
+
+    With `async_save` rank 0 copies the state to host memory at the step boundary and
+    writes it in the background (at most one write in flight); a write is tried
+    `attempts` times; exits wait up to `drain_timeout_s` for the last one. `cache_dir` is
+    the node-local folder for downloaded checkpoints (default: the system temp dir)."""
 
     uri: str = "checkpoints"
     every_steps: NonNegativeInt = 50
     keep_last: NonNegativeInt = 3
     resume: bool = True
+    async_save: bool = True
+    attempts: PositiveInt = 3
+    drain_timeout_s: PositiveFloat = 600.0
+    cache_dir: str = ""
+    multipart_chunk_mb: Annotated[int, Field(strict=True, ge=5)] = 64
+    max_concurrency: PositiveInt = 8
 
 
 @dataclass(config=_SECTION)

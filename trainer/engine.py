@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from trainer.checkpoint import Checkpointer, CheckpointError, rng
+from trainer.checkpoint import Checkpointer, CheckpointError, CheckpointWriter, rng
 from trainer.config import Config, ConfigError, TrainConfig, to_tree
 from trainer.data import DataSplits, eval_loader, train_loader
 from trainer.distributed import DistContext, broadcast_flag, broadcast_int
@@ -70,6 +70,12 @@ class Trainer:
     ) -> None:
         self.config, self.context, self.device = config, context, device
         self.splits, self.checkpointer, self.log = splits, checkpointer, logger
+        self.writer = CheckpointWriter(
+            checkpointer,
+            background=config.checkpoint.async_save,
+            attempts=config.checkpoint.attempts,
+            logger=logger,
+        )
         self.module = module.to(device)
         self.math = batch_math(config.train, config.optim, context.world_size)
         self.optimizer = build_optimizer(self.module, config.optim, self.math.lr)
@@ -99,7 +105,14 @@ class Trainer:
     # ----- lifecycle -------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        """Resume if possible, train to the end, test, and return the summary."""
+        """Resume if possible, train to the end, test, and return the summary. However the
+        run ends (a SIGTERM included), rank 0 first lets the checkpoint in flight finish."""
+        try:
+            return self._run()
+        finally:
+            self.writer.close(self.config.checkpoint.drain_timeout_s)
+
+    def _run(self) -> dict[str, Any]:
         self._restore()
         self.model = DistributedDataParallel(
             self.module, device_ids=[self.device.index] if self.device.type == "cuda" else None
@@ -116,6 +129,7 @@ class Trainer:
             self._fit()
         if self.last_validated != self.progress.step:
             self._validate()
+        self.writer.wait()
         test = self._evaluate(self.splits.test) if len(self.splits.test) else {}
         summary = {
             "steps": self.progress.step,
@@ -125,10 +139,14 @@ class Trainer:
             "test_loss": test.get("loss"),
             "test_accuracy": test.get("accuracy"),
             "wall_seconds": round(time.perf_counter() - started, 3),
-            "checkpoint": self.checkpointer.store.location(self.progress.step),
+            "checkpoint": self._newest_checkpoint(),
         }
         event(self.log, "summary", _summary_line(summary), **summary)
         return summary
+
+    def _newest_checkpoint(self) -> str | None:
+        step = self.writer.stats.last_success_step if self.context.is_main else self.progress.step
+        return None if step is None else self.checkpointer.store.location(step)
 
     def _banner(self) -> None:
         ctx, cfg = self.context, self.config
@@ -309,36 +327,25 @@ class Trainer:
     # ----- checkpoints -------------------------------------------------------------------
 
     def _save(self) -> None:
-        """Every rank contributes its RNG state; rank 0 alone writes."""
+        """Every rank contributes its RNG state; rank 0 alone snapshots and writes."""
         rng_states = [None] * self.context.world_size if self.context.is_main else None
         dist.gather_object(rng.capture(), rng_states, dst=0)
-        if self.context.is_main:
-            saved = self.checkpointer.save(
-                {
-                    "model": self.module.state_dict(),
-                    "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict(),
-                    "scaler": self.scaler.state_dict(),
-                    "progress": asdict(self.progress),
-                    "early_stopping": self.stopper.state_dict(),
-                    "rng": rng_states,
-                    "config": to_tree(self.config),
-                    "world_size": self.context.world_size,
-                },
-                step=self.progress.step,
-                epoch=self.progress.epoch,
-                world_size=self.context.world_size,
-            )
-            event(
-                self.log,
-                "checkpoint",
-                f"checkpoint step {saved.step} -> {saved.location} "
-                f"({saved.size_bytes / 1e6:.1f} MB in {saved.seconds:.2f}s)",
-                step=saved.step,
-                location=saved.location,
-                bytes=saved.size_bytes,
-                seconds=round(saved.seconds, 4),
-            )
+        if not self.context.is_main:
+            return
+        state = {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "progress": asdict(self.progress),
+            "early_stopping": self.stopper.state_dict(),
+            "rng": rng_states,
+            "config": to_tree(self.config),
+            "world_size": self.context.world_size,
+        }
+        self.writer.save(
+            state, step=self.progress.step, epoch=self.progress.epoch, world_size=self.context.world_size
+        )
 
     def _restore(self) -> None:
         """Rank 0 picks the newest intact step; every rank loads it (model, optimizer,
@@ -347,7 +354,13 @@ class Trainer:
         step = broadcast_int(-1 if found is None else found, self.device)
         if step < 0:
             return
+        if self.context.is_node_main and not self.context.is_main:
+            self.checkpointer.fetch_verified(step)  # one download per node
+        dist.barrier()
         state = self.checkpointer.load(step)
+        dist.barrier()
+        if self.context.is_node_main:
+            self.checkpointer.release(step)
         try:
             self.module.load_state_dict(state["model"])
         except RuntimeError as error:
@@ -366,7 +379,7 @@ class Trainer:
             rng.restore(state["rng"][self.context.rank])
         else:
             rng.seed_everything(self.config.seed + 1_000_003 * (step + 1) + self.context.rank)
-        self.resumed_from = step
+        self.resumed_from = self.writer.stats.last_success_step = step
         self.checkpointer.protected.add(step)
 
 

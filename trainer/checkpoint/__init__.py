@@ -1,11 +1,15 @@
-"""Checkpoints: a store interface (local directory, S3 later) and the commit protocol over it."""
+"""Checkpoints: a store interface (local directory, S3), the commit protocol over it, and
+rank 0's background writer."""
 
 from trainer.checkpoint.manager import Checkpointer, CheckpointError, SavedCheckpoint
 from trainer.checkpoint.store import CheckpointStore, LocalStore, open_store
+from trainer.checkpoint.writer import CheckpointStats, CheckpointWriter
 
 __all__ = [
     "CheckpointError",
+    "CheckpointStats",
     "CheckpointStore",
+    "CheckpointWriter",
     "Checkpointer",
     "LocalStore",
     "SavedCheckpoint",

@@ -13,6 +13,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,11 +41,15 @@ class SavedCheckpoint:
 
 
 class Checkpointer:
-    """Saves (rank 0 only) and finds, verifies and loads checkpoints (every rank)."""
+    """Writes (rank 0 only), and finds, verifies and loads checkpoints (every rank).
 
-    def __init__(self, store: CheckpointStore, keep_last: int) -> None:
+    Checkpoints are read from a local file: the store's own for a directory, a download
+    into the node-local `cache` for S3, so that each node downloads once."""
+
+    def __init__(self, store: CheckpointStore, keep_last: int, cache: Path) -> None:
         self.store = store
         self.keep_last = keep_last
+        self.cache = cache
         self.protected: set[int] = set()
 
     def committed_step(self) -> int | None:
@@ -59,22 +64,41 @@ class Checkpointer:
             return None
 
     def find_resumable(self) -> int | None:
-        """The newest committed step whose bytes verify, falling back step by step."""
+        """The newest committed step whose bytes verify, falling back step by step.
+        The verified copy stays in the cache for this node's ranks to load."""
         committed = self.committed_step()
         if committed is None:
             return None
         for step in sorted((s for s in self.store.steps() if s <= committed), reverse=True):
-            if self._verified_bytes(step) is not None:
+            if self.fetch_verified(step):
                 return step
         log.warning("no intact checkpoint at or before step %d in %s", committed, self.store.uri)
         return None
 
+    def fetch_verified(self, step: int) -> bool:
+        """Bring step's checkpoint to a local file and check it against its manifest."""
+        name = f"step-{step}/{CHECKPOINT_FILE}"
+        raw_manifest = self.store.get(f"step-{step}/{MANIFEST_FILE}")
+        if raw_manifest is None or not self.store.fetch(name, self.cache):
+            log.warning("checkpoint step %d in %s is incomplete; skipping it", step, self.store.uri)
+            return False
+        manifest = json.loads(raw_manifest)
+        path = self.store.local_path(name, self.cache)
+        if manifest.get("bytes") != path.stat().st_size or manifest.get("sha256") != _sha256_file(path):
+            log.warning("checkpoint step %d in %s fails its sha256 check; skipping it", step, self.store.uri)
+            self.store.evict(name, self.cache)
+            return False
+        return True
+
     def load(self, step: int) -> dict[str, Any]:
-        """Every rank loads the same verified step, tensors only (`weights_only=True`)."""
-        data = self._verified_bytes(step)
-        if data is None:
-            raise CheckpointError("checkpoint.uri", self.store.uri, f"step {step} is missing or corrupt")
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        """Load a fetched step, tensors only (`weights_only=True`)."""
+        path = self.store.local_path(f"step-{step}/{CHECKPOINT_FILE}", self.cache)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise CheckpointError(
+                "checkpoint.uri", self.store.uri, f"step {step} is not readable on this node ({path})"
+            ) from None
         if state.get("format") != FORMAT_VERSION:
             raise CheckpointError(
                 "checkpoint.uri",
@@ -82,6 +106,10 @@ class Checkpointer:
                 f"step {step} has format {state.get('format')}, expected {FORMAT_VERSION}",
             )
         return state
+
+    def release(self, step: int) -> None:
+        """Drop this node's downloaded copy once every local rank has loaded it."""
+        self.store.evict(f"step-{step}/{CHECKPOINT_FILE}", self.cache)
 
     def save(self, state: dict[str, Any], *, step: int, epoch: int, world_size: int) -> SavedCheckpoint:
         """Write the step, then name it in `latest.json`, then apply retention."""
@@ -102,18 +130,6 @@ class Checkpointer:
         self._apply_retention(step)
         return SavedCheckpoint(step, self.store.location(step), len(data), time.perf_counter() - started)
 
-    def _verified_bytes(self, step: int) -> bytes | None:
-        raw_manifest = self.store.get(f"step-{step}/{MANIFEST_FILE}")
-        data = self.store.get(f"step-{step}/{CHECKPOINT_FILE}")
-        if raw_manifest is None or data is None:
-            log.warning("checkpoint step %d in %s is incomplete; skipping it", step, self.store.uri)
-            return None
-        manifest = json.loads(raw_manifest)
-        if manifest.get("sha256") != hashlib.sha256(data).hexdigest() or manifest.get("bytes") != len(data):
-            log.warning("checkpoint step %d in %s fails its sha256 check; skipping it", step, self.store.uri)
-            return None
-        return data
-
     def _apply_retention(self, latest: int) -> None:
         """Keep the newest `keep_last` steps, the latest one and any this run resumed from."""
         if self.keep_last == 0:
@@ -123,6 +139,14 @@ class Checkpointer:
         for step in older:
             if step not in keep:
                 self.store.delete_step(step)
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(2**22), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _json(document: dict[str, Any]) -> bytes:

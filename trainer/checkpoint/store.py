@@ -1,4 +1,4 @@
-"""Where checkpoint bytes live. One interface; a local directory now, S3 behind the same calls.
+"""Where checkpoint bytes live: one interface, a local directory here and S3 in `s3.py`.
 
 A store knows files and steps, nothing about torch: `put_step` publishes a step's files all
 at once or not at all, `put` replaces one small file atomically (used for `latest.json`).
@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from urllib.parse import urlparse
 
-from trainer.config import ConfigError
+from trainer.config import CheckpointConfig, ConfigError
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -39,7 +39,20 @@ class CheckpointStore(ABC):
 
     @abstractmethod
     def get(self, name: str) -> bytes | None:
-        """A file's bytes (`latest.json` or `step-<N>/<name>`), or None when it is absent."""
+        """A small file's bytes (`latest.json`, a manifest), or None when it is absent."""
+
+    @abstractmethod
+    def local_path(self, name: str, cache: Path) -> Path:
+        """Where a local copy of `name` lives: the file itself in a directory store, a file
+        under the node-local `cache` for a remote one."""
+
+    @abstractmethod
+    def fetch(self, name: str, cache: Path) -> bool:
+        """Make `local_path(name, cache)` hold `name` (download it if remote); False if absent."""
+
+    @abstractmethod
+    def evict(self, name: str, cache: Path) -> None:
+        """Drop a local copy made by `fetch`."""
 
     @abstractmethod
     def steps(self) -> list[int]:
@@ -97,6 +110,15 @@ class LocalStore(CheckpointStore):
         except FileNotFoundError:
             return None
 
+    def local_path(self, name: str, cache: Path) -> Path:
+        return self.root / name
+
+    def fetch(self, name: str, cache: Path) -> bool:
+        return (self.root / name).is_file()
+
+    def evict(self, name: str, cache: Path) -> None:
+        """Nothing to drop: the directory's own file is the local copy."""
+
     def steps(self) -> list[int]:
         if not self.root.is_dir():
             return []
@@ -125,15 +147,32 @@ def _sync_directory(path: Path) -> None:
         os.close(descriptor)
 
 
-def open_store(uri: str) -> CheckpointStore:
-    """The store for `checkpoint.uri`: a path or `file://` URI. Checked before any work starts."""
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def open_store(config: CheckpointConfig) -> CheckpointStore:
+    """The store for `checkpoint.uri`: a path, a `file://` URI or `s3://bucket/prefix`.
+    Only the URI is checked here; reachability is `prepare`'s job."""
+    uri = config.uri
     parsed = urlparse(uri)
     if not uri:
-        raise ConfigError("checkpoint.uri", uri, "must be a directory path or file:// URI")
+        raise ConfigError("checkpoint.uri", uri, "must be a directory, file:// or s3:// URI")
+    if parsed.scheme == "s3":
+        if not _BUCKET.match(parsed.netloc):
+            raise ConfigError("checkpoint.uri", uri, "s3:// needs a valid bucket name: s3://bucket/prefix")
+        from trainer.checkpoint.s3 import S3Store  # boto3 is imported only for S3 runs
+
+        return S3Store(
+            uri,
+            parsed.netloc,
+            parsed.path,
+            chunk_mb=config.multipart_chunk_mb,
+            concurrency=config.max_concurrency,
+        )
     if parsed.scheme == "file":
         return LocalStore(Path(parsed.path))
     if parsed.scheme and len(parsed.scheme) > 1:  # a one-letter scheme is a Windows drive
         raise ConfigError(
-            "checkpoint.uri", uri, f"unsupported scheme {parsed.scheme!r}; use a directory path or file://"
+            "checkpoint.uri", uri, f"unsupported scheme {parsed.scheme!r}; use a directory, file:// or s3://"
         )
     return LocalStore(Path(uri))

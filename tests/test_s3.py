@@ -1,0 +1,319 @@
+"""S3 checkpoints against moto's S3 server over real HTTP, with faults injected on the wire."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+import torch
+from conftest import (
+    kill_rank_when,
+    run_torchrun,
+    run_trainer,
+    s3_env,
+    torchrun_command,
+)
+from fault_proxy import FaultProxy
+
+from trainer.checkpoint import Checkpointer, CheckpointWriter, open_store
+from trainer.config import CheckpointConfig
+
+QUICK = ["--config", "digits", "--set", "log.every_steps=10"]
+
+
+def s3_checkpointer(bucket, prefix: str, tmp_path, **config) -> Checkpointer:
+    store = open_store(CheckpointConfig(uri=bucket.uri(prefix), multipart_chunk_mb=5, **config))
+    store.prepare()
+    return Checkpointer(store, keep_last=2, cache=tmp_path / "cache")
+
+
+def big_state(megabytes: int, value: float) -> dict:
+    return {
+        "model": {"weight": torch.full((megabytes * 2**18,), float(value))},
+        "progress": {"step": int(value)},
+    }
+
+
+def test_commit_protocol_multipart_and_retention_on_s3(s3_bucket, tmp_path, monkeypatch):
+    with FaultProxy(s3_bucket.endpoint, every=0) as recorder:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", recorder.url)
+        checkpointer = s3_checkpointer(s3_bucket, "unit/run", tmp_path)
+        for step in (1, 2, 3):
+            checkpointer.save(big_state(12, step), step=step, epoch=0, world_size=2)
+    parts = [
+        path for method, path in recorder.requests if method == "PUT" and "step-3/checkpoint.pt?" in path
+    ]
+    assert len(parts) == 3 and all("partNumber=" in path for path in parts)  # 12 MiB in 5 MiB parts
+    order = [
+        path.split("?")[0].rsplit("/", 1)[1]
+        for method, path in recorder.requests
+        if method in {"PUT", "POST"} and ("step-3/" in path or "latest.json" in path)
+    ]
+    assert order.index("manifest.json") > max(i for i, name in enumerate(order) if name == "checkpoint.pt")
+    assert order[-1] == "latest.json"
+    assert checkpointer.store.steps() == [2, 3]
+    assert s3_bucket.latest_step("unit/run") == 3
+    head = s3_bucket.client.head_object(
+        Bucket=s3_bucket.name, Key="unit/run/step-3/checkpoint.pt", ChecksumMode="ENABLED"
+    )
+    assert head["ChecksumSHA256"]
+    manifest = json.loads(checkpointer.store.get("step-3/manifest.json"))
+    assert manifest["bytes"] == head["ContentLength"] and manifest["world_size"] == 2
+
+    assert checkpointer.find_resumable() == 3
+    cached = checkpointer.store.local_path("step-3/checkpoint.pt", checkpointer.cache)
+    assert hashlib.sha256(cached.read_bytes()).hexdigest() == manifest["sha256"]
+    assert torch.equal(checkpointer.load(3)["model"]["weight"], torch.full((12 * 2**18,), 3.0))
+    checkpointer.release(3)
+    assert not cached.exists()
+
+
+def test_a_corrupted_object_is_caught_by_its_sha256(s3_bucket, tmp_path, caplog):
+    checkpointer = s3_checkpointer(s3_bucket, "corrupt", tmp_path)
+    checkpointer.save(big_state(1, 1), step=1, epoch=0, world_size=1)
+    checkpointer.save(big_state(1, 2), step=2, epoch=0, world_size=1)
+    key = "corrupt/step-2/checkpoint.pt"
+    data = bytearray(s3_bucket.client.get_object(Bucket=s3_bucket.name, Key=key)["Body"].read())
+    data[len(data) // 2] ^= 0x01
+    s3_bucket.client.put_object(Bucket=s3_bucket.name, Key=key, Body=bytes(data))
+    with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
+        assert checkpointer.find_resumable() == 1
+    assert "step 2" in caplog.text and "sha256" in caplog.text
+
+
+def test_a_failing_write_is_retried_then_reported_and_latest_is_untouched(s3_bucket, tmp_path, caplog):
+    checkpointer = s3_checkpointer(s3_bucket, "failing", tmp_path)
+    writer = CheckpointWriter(checkpointer, background=True, attempts=2, logger=logging.getLogger("trainer"))
+    writer.save(big_state(1, 1), step=1, epoch=0, world_size=1)
+    assert writer.wait(timeout=60)
+    checkpointer.store.bucket = "no-such-bucket-anywhere"  # every later request fails for real
+    with caplog.at_level(logging.WARNING, logger="trainer"):
+        writer.save(big_state(1, 2), step=2, epoch=0, world_size=1)
+        assert writer.wait(timeout=60)
+    assert "attempt 1/2 failed" in caplog.text and "CHECKPOINT FAILED: step 2" in caplog.text
+    assert (writer.stats.saves_total, writer.stats.failures_total, writer.stats.last_success_step) == (
+        1,
+        1,
+        1,
+    )
+    assert s3_bucket.latest_step("failing") == 1
+
+
+def test_a_background_write_does_not_see_later_changes(s3_bucket, tmp_path):
+    checkpointer = s3_checkpointer(s3_bucket, "snapshot", tmp_path)
+    writer = CheckpointWriter(checkpointer, background=True, attempts=1, logger=logging.getLogger("trainer"))
+    live = big_state(8, 5)
+    writer.save(live, step=5, epoch=0, world_size=1)
+    live["model"]["weight"].fill_(-1.0)  # training goes on and mutates parameters in place
+    writer.close(timeout=60)
+    assert torch.equal(s3_bucket.load("snapshot")["model"]["weight"], torch.full((8 * 2**18,), 5.0))
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("missing-bucket", "bucket 'no-such-bucket-here' does not exist"),
+        ("bad-endpoint", "cannot reach the S3 endpoint"),
+        ("denied", "access denied (InvalidAccessKeyId)"),
+    ],
+)
+def test_unusable_s3_stops_the_run_before_training(case, message, s3_bucket, workdir, moto_server):
+    bucket = "no-such-bucket-here" if case == "missing-bucket" else s3_bucket.name
+    env = s3_env(
+        "http://127.0.0.1:9" if case == "bad-endpoint" else moto_server,
+        AWS_MAX_ATTEMPTS="2",
+        AWS_RETRY_MODE="standard",
+    )
+    if case == "denied":
+        _moto_auth(moto_server, "0")  # from now on moto checks credentials against its IAM
+    try:
+        completed = run_trainer([*QUICK, "--set", f"checkpoint.uri=s3://{bucket}/run"], workdir, env=env)
+    finally:
+        if case == "denied":
+            _moto_auth(moto_server, "inf")
+    assert completed.returncode == 2
+    assert message in completed.stderr and f"checkpoint.uri='s3://{bucket}/run'" in completed.stderr
+    assert "validation" not in completed.stdout and "step" not in completed.stdout
+    assert "Traceback" not in completed.stderr
+
+
+def _moto_auth(endpoint: str, count: str) -> None:
+    request = urllib.request.Request(
+        f"{endpoint}/moto-api/reset-auth",
+        data=count.encode(),
+        method="POST",
+        headers={"Content-Type": "text/plain"},
+    )
+    urllib.request.urlopen(request, timeout=10).read()
+
+
+@pytest.mark.slow
+def test_two_ranks_checkpoint_to_s3_and_a_second_run_resumes_with_one_download(s3_bucket, workdir):
+    with FaultProxy(s3_bucket.endpoint, every=0) as counter:
+        env = s3_env(counter.url, TMPDIR=str(workdir))
+        uri = f"checkpoint.uri={s3_bucket.uri('two-ranks')},checkpoint.every_steps=10"
+        first = run_torchrun([*QUICK, "--set", f"{uri},train.max_steps=30"], workdir, env=env)
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert s3_bucket.latest_step("two-ranks") == 30
+        counter.requests.clear()
+        second = run_torchrun([*QUICK, "--set", f"{uri},train.max_steps=45"], workdir, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from step 30" in second.stdout
+    downloads = [r for r in counter.requests if r[0] == "GET" and "step-30/checkpoint.pt" in r[1]]
+    assert len(downloads) == 1  # rank 0 fetched it once for the node; rank 1 read the cache
+    assert s3_bucket.load("two-ranks")["progress"]["step"] == 45
+    assert not any(path.name == "checkpoint.pt" for path in (workdir / "ddp-trainer-cache").rglob("*"))
+
+
+@pytest.mark.slow
+def test_uploads_through_dropped_connections_503s_and_truncation(s3_bucket, workdir):
+    """Every third upload request fails one way or another; the run still finishes, and at
+    every moment latest.json names a step whose bytes match its manifest."""
+    prefix, violations, polls = "faulty", [], [0]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            step = s3_bucket.latest_step(prefix)
+            if step is not None:
+                polls[0] += 1
+                key = f"{prefix}/step-{step}"
+                manifest = json.loads(
+                    s3_bucket.client.get_object(Bucket=s3_bucket.name, Key=f"{key}/manifest.json")[
+                        "Body"
+                    ].read()
+                )
+                data = s3_bucket.client.get_object(Bucket=s3_bucket.name, Key=f"{key}/checkpoint.pt")[
+                    "Body"
+                ].read()
+                if hashlib.sha256(data).hexdigest() != manifest["sha256"]:
+                    violations.append(step)
+            done.wait(0.05)
+
+    uploads = lambda method, path: method in {"PUT", "POST"} and "/step-" in path  # noqa: E731
+    with FaultProxy(s3_bucket.endpoint, every=3, matches=uploads) as proxy:
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        overrides = (
+            f"checkpoint.uri={s3_bucket.uri(prefix)},checkpoint.every_steps=5,"
+            "checkpoint.keep_last=0,train.max_steps=40"
+        )
+        env = s3_env(proxy.url, TMPDIR=str(workdir), AWS_MAX_ATTEMPTS="4")
+        completed = run_torchrun([*QUICK, "--set", overrides], workdir, env=env)
+        done.set()
+        watcher.join()
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert all(count > 0 for count in proxy.injected.values()), proxy.injected
+    assert violations == [] and polls[0] > 0
+    assert s3_bucket.latest_step(prefix) == 40
+    assert [int(p.split("-")[1]) for p in _step_prefixes(s3_bucket, prefix)] == list(range(5, 41, 5))
+
+
+def _step_prefixes(bucket, prefix: str) -> list[str]:
+    pages = bucket.client.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket.name, Prefix=f"{prefix}/step-", Delimiter="/"
+    )
+    found = [
+        c["Prefix"].rstrip("/").rsplit("/", 1)[1] for page in pages for c in page.get("CommonPrefixes", [])
+    ]
+    return sorted(found, key=lambda name: int(name.split("-")[1]))
+
+
+@pytest.mark.slow
+def test_sigkill_during_an_upload_resumes_from_the_last_complete_checkpoint(s3_bucket, workdir):
+    """Uploads are slowed on the wire; rank 0 (the uploader) is killed while step 20's
+    checkpoint is on its way. torchrun restarts both workers, which resume from step 10."""
+    prefix = "killed"
+    slow_uploads = lambda method, path: method == "PUT" and "/step-" in path  # noqa: E731
+    with FaultProxy(s3_bucket.endpoint, every=0, matches=slow_uploads, delay_s=1.5) as proxy:
+        overrides = (
+            f"checkpoint.uri={s3_bucket.uri(prefix)},checkpoint.every_steps=10,"
+            "train.max_steps=30,data.name=plugins:slow_digits,data.options.delay_s=0.002"
+        )
+        env = s3_env(proxy.url, TMPDIR=str(workdir), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+        agent = subprocess.Popen(
+            torchrun_command([*QUICK, "--set", overrides], launcher=["--standalone", "--max-restarts=1"]),
+            cwd=workdir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        in_flight = lambda: any("step-20/" in path for method, path in proxy.requests if method == "PUT")  # noqa: E731
+        kill_rank_when(agent, 0, lambda: s3_bucket.latest_step(prefix) == 10 and in_flight())
+        stdout, stderr = agent.communicate(timeout=300)
+    assert agent.returncode == 0, stderr[-3000:]
+    assert "restart 1" in stdout and "resumed from step 10" in stdout
+    assert s3_bucket.latest_step(prefix) == 30
+
+
+@pytest.mark.slow
+def test_world_size_two_then_one_covers_the_interrupted_epoch_once(s3_bucket, workdir):
+    """Two ranks stop mid-epoch at step 25; one rank resumes and finishes the epoch: the
+    epoch's samples are each read once (bar the tail that does not fill a batch)."""
+    records = {name: workdir / name for name in ("two", "one")}
+    uri = s3_bucket.uri("resharded")
+    for name, nproc, steps in (("two", 2, 25), ("one", 1, 52)):
+        records[name].mkdir()
+        overrides = (
+            f"data.name=plugins:recording_digits,data.options.record_dir={records[name]},"
+            f"checkpoint.uri={uri},train.max_steps={steps},optim.schedule=constant"
+        )
+        completed = run_torchrun(
+            ["--config", "digits", "--set", overrides],
+            workdir,
+            nproc=nproc,
+            env=s3_env(s3_bucket.endpoint, TMPDIR=str(workdir)),
+        )
+        assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "resumed from step 25" in completed.stdout and "world size 1" in completed.stdout
+
+    def indices(name: str, rank: int) -> list[int]:
+        return [int(x) for x in (records[name] / f"rank{rank}.txt").read_text().split()]
+
+    epoch_two = [i for rank in (0, 1) for i in indices("two", rank)[19 * 32 :]] + indices("one", 0)
+    assert len(epoch_two) == len(set(epoch_two))
+    assert len(epoch_two) == 6 * 64 + 27 * 32  # 1257 samples, less 9 that fill no batch
+    assert s3_bucket.load("resharded")["progress"] == {
+        "step": 52,
+        "epoch": 2,
+        "epoch_position": 0,
+        "stopped_early": False,
+    }
+
+
+@pytest.mark.slow
+def test_sigterm_waits_for_the_upload_in_flight(s3_bucket, workdir):
+    """Kubernetes stops a pod with SIGTERM to torchrun, which forwards it to the workers:
+    rank 0 lets the checkpoint it is uploading finish, so latest.json names it."""
+    prefix = "drained"
+    slow_uploads = lambda method, path: method == "PUT" and "/step-" in path  # noqa: E731
+    with FaultProxy(s3_bucket.endpoint, every=0, matches=slow_uploads, delay_s=1.0) as proxy:
+        overrides = (
+            f"checkpoint.uri={s3_bucket.uri(prefix)},checkpoint.every_steps=10,"
+            "train.max_steps=400,data.name=plugins:slow_digits,data.options.delay_s=0.002"
+        )
+        agent = subprocess.Popen(
+            torchrun_command([*QUICK, "--set", overrides]),
+            cwd=workdir,
+            env=s3_env(proxy.url, TMPDIR=str(workdir)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 120
+        while not any("step-20/" in path for method, path in proxy.requests if method == "PUT"):
+            assert agent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        agent.send_signal(signal.SIGTERM)
+        stdout, stderr = agent.communicate(timeout=120)
+    assert agent.returncode != 0
+    assert "checkpoint step 20 -> s3://" in stdout, stderr[-3000:]
+    assert s3_bucket.latest_step(prefix) == 20

@@ -1,0 +1,152 @@
+"""An S3 (or S3-compatible) checkpoint store on boto3.
+
+Endpoint, region and credentials come only from the standard AWS environment and
+credential chain (AWS_ENDPOINT_URL[_S3], AWS_REGION, keys, profiles, web identity/IRSA).
+Transient errors are retried by botocore's retry mode (`standard` unless AWS_RETRY_MODE
+says otherwise); large objects go up in parallel multipart with SHA256 checksums that S3
+verifies on receipt.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import BinaryIO
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+
+from trainer.checkpoint.store import CheckpointStore
+from trainer.config import ConfigError
+
+_STEP_PREFIX = re.compile(r"step-(\d+)/$")
+_DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "AllAccessDisabled"}
+_CHECKSUM = {"ChecksumAlgorithm": "SHA256"}
+
+
+def _client_config() -> BotoConfig:
+    """Retries by botocore's own modes; the environment's AWS_RETRY_MODE/AWS_MAX_ATTEMPTS win."""
+    retries = {} if "AWS_RETRY_MODE" in os.environ else {"retries": {"mode": "standard", "max_attempts": 6}}
+    return BotoConfig(connect_timeout=10, read_timeout=60, **retries)
+
+
+class S3Store(CheckpointStore):
+    """`s3://bucket/prefix`: objects `prefix/step-<N>/...` and `prefix/latest.json`.
+
+    A step is published object by object in the order given (checkpoint, then manifest);
+    readers trust a step only through `latest.json` and the manifest's sha256."""
+
+    def __init__(self, uri: str, bucket: str, prefix: str, *, chunk_mb: int, concurrency: int) -> None:
+        self.uri, self.bucket, self.prefix = uri, bucket, prefix.strip("/")
+        self.client = boto3.client("s3", config=_client_config())
+        self.transfer = TransferConfig(
+            multipart_threshold=chunk_mb * 2**20,
+            multipart_chunksize=chunk_mb * 2**20,
+            max_concurrency=concurrency,
+        )
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def prepare(self) -> None:
+        """Write and delete a probe object, so a missing bucket, denied access or a bad
+        endpoint stops the run before training rather than at the first checkpoint."""
+        probe = self._key(f".probe-{uuid.uuid4().hex}")
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=probe, Body=b"", **_CHECKSUM)
+            self.client.delete_object(Bucket=self.bucket, Key=probe)
+        except NoCredentialsError:
+            raise ConfigError(
+                "checkpoint.uri", self.uri, "no AWS credentials found (keys, profile or web identity)"
+            ) from None
+        except EndpointConnectionError as error:
+            raise ConfigError("checkpoint.uri", self.uri, f"cannot reach the S3 endpoint ({error})") from None
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            if code == "NoSuchBucket":
+                raise ConfigError(
+                    "checkpoint.uri", self.uri, f"bucket {self.bucket!r} does not exist"
+                ) from None
+            if code in _DENIED:
+                raise ConfigError("checkpoint.uri", self.uri, f"access denied ({code})") from None
+            raise ConfigError("checkpoint.uri", self.uri, f"S3 refused a probe write ({code})") from None
+        except BotoCoreError as error:
+            raise ConfigError("checkpoint.uri", self.uri, f"S3 probe failed ({error})") from None
+
+    def put_step(self, step: int, files: dict[str, bytes]) -> None:
+        for name, data in files.items():
+            key = self._key(f"step-{step}/{name}")
+            self.client.upload_fileobj(
+                io.BytesIO(data), self.bucket, key, ExtraArgs=_CHECKSUM, Config=self.transfer
+            )
+            self._check_size(key, len(data))
+
+    def _check_size(self, key: str, expected: int) -> None:
+        """A cheap read-back, so that even a server that skips checksum checks cannot leave a
+        short object for the manifest to vouch for."""
+        stored = self.client.head_object(Bucket=self.bucket, Key=key)["ContentLength"]
+        if stored != expected:
+            raise OSError(f"s3://{self.bucket}/{key} holds {stored} bytes, expected {expected}")
+
+    def put(self, name: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data, **_CHECKSUM)
+
+    def get(self, name: str) -> bytes | None:
+        buffer = io.BytesIO()
+        if not self._download(name, buffer):
+            return None
+        return buffer.getvalue()
+
+    def local_path(self, name: str, cache: Path) -> Path:
+        return cache / self.bucket / self._key(name)
+
+    def fetch(self, name: str, cache: Path) -> bool:
+        destination = self.local_path(name, cache)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        partial = destination.with_name(destination.name + f".part-{uuid.uuid4().hex[:8]}")
+        try:
+            with open(partial, "wb") as handle:
+                if not self._download(name, handle):
+                    return False
+            partial.replace(destination)
+            return True
+        finally:
+            partial.unlink(missing_ok=True)
+
+    def evict(self, name: str, cache: Path) -> None:
+        self.local_path(name, cache).unlink(missing_ok=True)
+
+    def _download(self, name: str, handle: BinaryIO) -> bool:
+        try:
+            self.client.download_fileobj(self.bucket, self._key(name), handle, Config=self.transfer)
+            return True
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in {"404", "NoSuchKey"}:
+                return False
+            raise
+
+    def steps(self) -> list[int]:
+        found = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        prefix = self._key("step-")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
+            for common in page.get("CommonPrefixes", []):
+                match = _STEP_PREFIX.search(common["Prefix"])
+                if match:
+                    found.append(int(match[1]))
+        return sorted(found)
+
+    def delete_step(self, step: int) -> None:
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(f"step-{step}/")):
+            keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+            if keys:
+                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True})
+
+    def location(self, step: int) -> str:
+        return f"s3://{self.bucket}/{self._key(f'step-{step}')}"

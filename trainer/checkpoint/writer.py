@@ -1,0 +1,127 @@
+"""Rank 0's checkpoint writes: snapshot at the step boundary, write in the background.
+
+Training pauses only for the copy into host memory; serialization, upload, `latest.json`
+and retention happen on a worker thread. One write is in flight at most: the next save
+waits for it, and so does the end of the run. A write that keeps failing is reported
+loudly and training goes on, since the previous checkpoint is still intact."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainer.checkpoint.manager import Checkpointer
+from trainer.log import event
+
+log = logging.getLogger("trainer.checkpoint")
+
+
+def to_host(value: Any) -> Any:
+    """A private copy of every tensor in a nested state, on the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: to_host(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(to_host(item) for item in value)
+    return value
+
+
+@dataclass
+class CheckpointStats:
+    """What the metrics exporter reports about checkpoints (written by the worker thread)."""
+
+    saves_total: int = 0
+    failures_total: int = 0
+    last_success_step: int | None = None
+    last_success_timestamp: float | None = None
+    last_bytes: int = 0
+    last_write_seconds: float = 0.0
+    last_stall_seconds: float = 0.0
+
+
+class CheckpointWriter:
+    """Snapshots and writes checkpoints for rank 0; `background=False` writes inline."""
+
+    def __init__(
+        self, checkpointer: Checkpointer, *, background: bool, attempts: int, logger: logging.Logger
+    ) -> None:
+        self.checkpointer, self.background, self.attempts, self.log = (
+            checkpointer,
+            background,
+            attempts,
+            logger,
+        )
+        self.stats = CheckpointStats()
+        self._pending: threading.Thread | None = None
+
+    def save(self, state: dict[str, Any], *, step: int, epoch: int, world_size: int) -> None:
+        """Copy `state` now; write it now or in the background."""
+        self.wait()
+        started = time.perf_counter()
+        snapshot = to_host(state)
+        self.stats.last_stall_seconds = time.perf_counter() - started
+        if not self.background:
+            self._write(snapshot, step, epoch, world_size)
+            return
+        # a daemon thread: an exit waits for it only as long as `close` allows
+        self._pending = threading.Thread(
+            target=self._write, args=(snapshot, step, epoch, world_size), name="checkpoint", daemon=True
+        )
+        self._pending.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the write in flight has finished; False if `timeout` ran out first."""
+        if self._pending is None:
+            return True
+        self._pending.join(timeout)
+        if self._pending.is_alive():
+            return False
+        self._pending = None
+        return True
+
+    def close(self, timeout: float) -> None:
+        """Let the last write finish, for up to `timeout` seconds."""
+        if not self.wait(timeout):
+            self.log.error("checkpoint write still running after %.0fs; exiting without it", timeout)
+
+    def _write(self, snapshot: dict[str, Any], step: int, epoch: int, world_size: int) -> None:
+        for attempt in range(1, self.attempts + 1):
+            try:
+                saved = self.checkpointer.save(snapshot, step=step, epoch=epoch, world_size=world_size)
+            except Exception as error:  # any failure of this write; the run goes on
+                self.log.warning(
+                    "checkpoint step %d attempt %d/%d failed: %s", step, attempt, self.attempts, error
+                )
+                if attempt < self.attempts:
+                    time.sleep(min(30.0, 2.0**attempt))
+                continue
+            stats = self.stats
+            stats.saves_total += 1
+            stats.last_success_step, stats.last_success_timestamp = step, time.time()
+            stats.last_bytes, stats.last_write_seconds = saved.size_bytes, saved.seconds
+            event(
+                self.log,
+                "checkpoint",
+                f"checkpoint step {saved.step} -> {saved.location} ({saved.size_bytes / 1e6:.1f} MB, "
+                f"paused training {stats.last_stall_seconds:.3f}s, written in {saved.seconds:.2f}s)",
+                step=saved.step,
+                location=saved.location,
+                bytes=saved.size_bytes,
+                write_seconds=round(saved.seconds, 4),
+                stall_seconds=round(stats.last_stall_seconds, 4),
+            )
+            return
+        self.stats.failures_total += 1
+        self.log.error(
+            "CHECKPOINT FAILED: step %d was not saved after %d attempts; the newest checkpoint is "
+            "still step %s",
+            step,
+            self.attempts,
+            self.stats.last_success_step,
+        )
