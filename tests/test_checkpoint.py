@@ -17,9 +17,9 @@ class RecordingStore(LocalStore):
         super().__init__(root)
         self.calls = []
 
-    def put_step(self, step, files):
-        self.calls.append(("put_step", step, list(files)))
-        super().put_step(step, files)
+    def publish(self, step, staging, order):
+        self.calls.append(("publish", step, order, sorted(p.name for p in staging.iterdir())))
+        super().publish(step, staging, order)
 
     def put(self, name, data):
         self.calls.append(("put", name))
@@ -41,7 +41,8 @@ def test_checkpoint_then_manifest_then_latest(tmp_path):
     store = RecordingStore(tmp_path)
     store.prepare()
     Checkpointer(store, keep_last=0, cache=tmp_path / "cache").save(state(1), step=10, epoch=0, world_size=2)
-    assert store.calls == [("put_step", 10, ["checkpoint.pt", "manifest.json"]), ("put", "latest.json")]
+    staged = ["checkpoint.pt", "manifest.json"]
+    assert store.calls == [("publish", 10, staged, staged), ("put", "latest.json")]
     manifest = json.loads((tmp_path / "step-10" / "manifest.json").read_text())
     assert {"sha256", "bytes", "step", "epoch", "world_size", "created_at"} <= set(manifest)
     assert manifest["bytes"] == (tmp_path / "step-10" / "checkpoint.pt").stat().st_size

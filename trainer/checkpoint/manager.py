@@ -7,9 +7,9 @@ sha256; anything else is an interrupted write, and the newest earlier good step 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
+import shutil
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -112,23 +112,30 @@ class Checkpointer:
         self.store.evict(f"step-{step}/{CHECKPOINT_FILE}", self.cache)
 
     def save(self, state: dict[str, Any], *, step: int, epoch: int, world_size: int) -> SavedCheckpoint:
-        """Write the step, then name it in `latest.json`, then apply retention."""
+        """Stage the checkpoint and its manifest on local disk, publish them as the step,
+        then name it in `latest.json`, then apply retention."""
         started = time.perf_counter()
-        buffer = io.BytesIO()
-        torch.save({"format": FORMAT_VERSION, **state}, buffer)
-        data = buffer.getvalue()
-        manifest = {
-            "step": step,
-            "epoch": epoch,
-            "world_size": world_size,
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "bytes": len(data),
-            "created_at": datetime.now(timezone.utc).isoformat(),
-        }
-        self.store.put_step(step, {CHECKPOINT_FILE: data, MANIFEST_FILE: _json(manifest)})
+        staging = self.store.staging(step, self.cache)
+        try:
+            checkpoint = staging / CHECKPOINT_FILE
+            torch.save({"format": FORMAT_VERSION, **state}, checkpoint)
+            size = checkpoint.stat().st_size
+            manifest = {
+                "step": step,
+                "epoch": epoch,
+                "world_size": world_size,
+                "sha256": _sha256_file(checkpoint),
+                "bytes": size,
+                "created_at": datetime.now(timezone.utc).isoformat(),
+            }
+            (staging / MANIFEST_FILE).write_bytes(_json(manifest))
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self.store.publish(step, staging, [CHECKPOINT_FILE, MANIFEST_FILE])
         self.store.put(LATEST_FILE, _json({"step": step, "path": f"step-{step}"}))
         self._apply_retention(step)
-        return SavedCheckpoint(step, self.store.location(step), len(data), time.perf_counter() - started)
+        return SavedCheckpoint(step, self.store.location(step), size, time.perf_counter() - started)
 
     def _apply_retention(self, latest: int) -> None:
         """Keep the newest `keep_last` steps, the latest one and any this run resumed from."""

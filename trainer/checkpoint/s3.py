@@ -3,8 +3,9 @@
 Endpoint, region and credentials come only from the standard AWS environment and
 credential chain (AWS_ENDPOINT_URL[_S3], AWS_REGION, keys, profiles, web identity/IRSA).
 Transient errors are retried by botocore's retry mode (`standard` unless AWS_RETRY_MODE
-says otherwise); large objects go up in parallel multipart with SHA256 checksums that S3
-verifies on receipt.
+says otherwise); large objects go up in parallel multipart with checksums that S3
+verifies on receipt (CRC32 by default, SHA256 on request), while the manifest's sha256
+covers each checkpoint end to end.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import shutil
 import uuid
 from pathlib import Path
 from typing import BinaryIO
@@ -26,7 +28,6 @@ from trainer.config import ConfigError
 
 _STEP_PREFIX = re.compile(r"step-(\d+)/$")
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "AllAccessDisabled"}
-_CHECKSUM = {"ChecksumAlgorithm": "SHA256"}
 
 
 def _client_config() -> BotoConfig:
@@ -41,8 +42,11 @@ class S3Store(CheckpointStore):
     A step is published object by object in the order given (checkpoint, then manifest);
     readers trust a step only through `latest.json` and the manifest's sha256."""
 
-    def __init__(self, uri: str, bucket: str, prefix: str, *, chunk_mb: int, concurrency: int) -> None:
+    def __init__(
+        self, uri: str, bucket: str, prefix: str, *, chunk_mb: int, concurrency: int, checksum: str
+    ) -> None:
         self.uri, self.bucket, self.prefix = uri, bucket, prefix.strip("/")
+        self.checksum = {"ChecksumAlgorithm": checksum}
         self.client = boto3.client("s3", config=_client_config())
         self.transfer = TransferConfig(
             multipart_threshold=chunk_mb * 2**20,
@@ -58,7 +62,7 @@ class S3Store(CheckpointStore):
         endpoint stops the run before training rather than at the first checkpoint."""
         probe = self._key(f".probe-{uuid.uuid4().hex}")
         try:
-            self.client.put_object(Bucket=self.bucket, Key=probe, Body=b"", **_CHECKSUM)
+            self.client.put_object(Bucket=self.bucket, Key=probe, Body=b"", **self.checksum)
             self.client.delete_object(Bucket=self.bucket, Key=probe)
         except NoCredentialsError:
             raise ConfigError(
@@ -78,13 +82,22 @@ class S3Store(CheckpointStore):
         except BotoCoreError as error:
             raise ConfigError("checkpoint.uri", self.uri, f"S3 probe failed ({error})") from None
 
-    def put_step(self, step: int, files: dict[str, bytes]) -> None:
-        for name, data in files.items():
-            key = self._key(f"step-{step}/{name}")
-            self.client.upload_fileobj(
-                io.BytesIO(data), self.bucket, key, ExtraArgs=_CHECKSUM, Config=self.transfer
-            )
-            self._check_size(key, len(data))
+    def staging(self, step: int, scratch: Path) -> Path:
+        folder = scratch / "staging" / f"step-{step}-{uuid.uuid4().hex[:8]}"
+        folder.mkdir(parents=True)
+        return folder
+
+    def publish(self, step: int, staging: Path, order: list[str]) -> None:
+        """Upload from disk (parallel part reads), checking each object's size afterwards."""
+        try:
+            for name in order:
+                path, key = staging / name, self._key(f"step-{step}/{name}")
+                self.client.upload_file(
+                    str(path), self.bucket, key, ExtraArgs=self.checksum, Config=self.transfer
+                )
+                self._check_size(key, path.stat().st_size)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def _check_size(self, key: str, expected: int) -> None:
         """A cheap read-back, so that even a server that skips checksum checks cannot leave a
@@ -94,7 +107,7 @@ class S3Store(CheckpointStore):
             raise OSError(f"s3://{self.bucket}/{key} holds {stored} bytes, expected {expected}")
 
     def put(self, name: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data, **_CHECKSUM)
+        self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data, **self.checksum)
 
     def get(self, name: str) -> bytes | None:
         buffer = io.BytesIO()

@@ -30,8 +30,14 @@ class CheckpointStore(ABC):
         of writes that a crash interrupted."""
 
     @abstractmethod
-    def put_step(self, step: int, files: dict[str, bytes]) -> None:
-        """Publish `step-<N>/<name>` for every file, in the given order, atomically if possible."""
+    def staging(self, step: int, scratch: Path) -> Path:
+        """A new, empty local folder to write step's files into (a remote store uses
+        `scratch`, the node-local cache, for it)."""
+
+    @abstractmethod
+    def publish(self, step: int, staging: Path, order: list[str]) -> None:
+        """Make the staged files `step-<N>/<name>`, in `order`, atomically where the store
+        can; the staging folder is consumed either way."""
 
     @abstractmethod
     def put(self, name: str, data: bytes) -> None:
@@ -85,11 +91,14 @@ class LocalStore(CheckpointStore):
         for leftover in self.root.glob(".step-*"):
             shutil.rmtree(leftover, ignore_errors=True)
 
-    def put_step(self, step: int, files: dict[str, bytes]) -> None:
-        staging = self.root / f".step-{step}.tmp-{uuid.uuid4().hex[:8]}"
-        staging.mkdir(parents=True)
-        for name, data in files.items():
-            _write_synced(staging / name, data)
+    def staging(self, step: int, scratch: Path) -> Path:
+        folder = self.root / f".step-{step}.tmp-{uuid.uuid4().hex[:8]}"
+        folder.mkdir(parents=True)
+        return folder
+
+    def publish(self, step: int, staging: Path, order: list[str]) -> None:
+        for name in order:
+            _sync_file(staging / name)
         final = self.root / f"step-{step}"
         if final.exists():  # a replay after a restart: the old copy was never named in latest.json
             stale = self.root / f".step-{step}.old-{uuid.uuid4().hex[:8]}"
@@ -132,6 +141,11 @@ class LocalStore(CheckpointStore):
         return str(self.root / f"step-{step}")
 
 
+def _sync_file(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
 def _write_synced(path: Path, data: bytes) -> None:
     with open(path, "wb") as handle:
         handle.write(data)
@@ -168,6 +182,7 @@ def open_store(config: CheckpointConfig) -> CheckpointStore:
             parsed.path,
             chunk_mb=config.multipart_chunk_mb,
             concurrency=config.max_concurrency,
+            checksum=config.s3_checksum,
         )
     if parsed.scheme == "file":
         return LocalStore(Path(parsed.path))

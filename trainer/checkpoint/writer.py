@@ -7,7 +7,9 @@ loudly and training goes on, since the previous checkpoint is still intact."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from trainer.checkpoint.manager import Checkpointer
 from trainer.log import event
 
 log = logging.getLogger("trainer.checkpoint")
+WRITER_NICENESS = 19
 
 
 def to_host(value: Any) -> Any:
@@ -30,6 +33,14 @@ def to_host(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return type(value)(to_host(item) for item in value)
     return value
+
+
+def _yield_cpu_to_training() -> None:
+    """Lower this thread's CPU priority (Linux threads have their own nice value; the
+    upload threads it starts inherit it), so serialization, hashing and upload fill idle
+    cycles instead of taking them from the loop and its data loaders."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
 
 
 @dataclass
@@ -91,6 +102,8 @@ class CheckpointWriter:
             self.log.error("checkpoint write still running after %.0fs; exiting without it", timeout)
 
     def _write(self, snapshot: dict[str, Any], step: int, epoch: int, world_size: int) -> None:
+        if self.background:
+            _yield_cpu_to_training()
         for attempt in range(1, self.attempts + 1):
             try:
                 saved = self.checkpointer.save(snapshot, step=step, epoch=epoch, world_size=world_size)

@@ -1,0 +1,1 @@
+"""The operator's tools: benchmarks now; render, submit, status, logs and local runs to come."""
