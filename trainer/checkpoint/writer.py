@@ -21,7 +21,7 @@ from trainer.checkpoint.manager import Checkpointer
 from trainer.log import event
 
 log = logging.getLogger("trainer.checkpoint")
-WRITER_NICENESS = 19
+WRITER_NICENESS = 10
 
 
 def to_host(value: Any) -> Any:
