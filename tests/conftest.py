@@ -6,11 +6,14 @@ import io
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -19,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).parent / "helpers"
@@ -198,6 +202,76 @@ def s3_bucket(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> S3Bucket:
     name = f"ckpt-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=name)
     return S3Bucket(name, moto_server, s3_env(moto_server), client)
+
+
+@dataclass
+class PrometheusServer:
+    """A real Prometheus scraping one trainer pod's metrics port every second."""
+
+    url: str
+    metrics_port: int
+
+    def query(self, expr: str, at: float | None = None) -> list[dict]:
+        parameters = {"query": expr, **({"time": str(at)} if at is not None else {})}
+        with urllib.request.urlopen(
+            f"{self.url}/api/v1/query?{urllib.parse.urlencode(parameters)}"
+        ) as response:
+            body = json.load(response)
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(f"{self.url}{path}") as response:
+            return json.load(response)
+
+
+@pytest.fixture
+def prometheus_server(tmp_path: Path) -> Iterator[PrometheusServer]:
+    """Debian's prometheus on 127.0.0.1 with a temporary TSDB, our alert rules loaded, and
+    a 1 s scrape of `metrics_port`; skips where the binary is absent (.ci/run installs it)."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("prometheus is not installed (Debian package 'prometheus'; .ci/run installs it)")
+    from operator_scripts.monitoring import RULES_FILE
+
+    metrics_port, web_port = free_port(), free_port()
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(RULES_FILE)],
+        "scrape_configs": [
+            {"job_name": "ddp-test", "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}
+        ],
+    }
+    config_file = tmp_path / "prometheus.yml"
+    config_file.write_text(yaml.safe_dump(config))
+    log = open(tmp_path / "prometheus.log", "w")  # noqa: SIM115
+    process = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={config_file}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{web_port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{web_port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/-/ready") as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        assert process.poll() is None and time.monotonic() < deadline, (
+            tmp_path / "prometheus.log"
+        ).read_text()
+        time.sleep(0.2)
+    yield PrometheusServer(url, metrics_port)
+    process.terminate()
+    process.wait(timeout=30)
+    log.close()
 
 
 @pytest.fixture

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import signal
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer.checkpoint import Checkpointer, open_store, rng
@@ -18,6 +20,7 @@ from trainer.data import DATASETS, build_data
 from trainer.distributed import DistContext, cuda_available, process_group, read_env, select_device
 from trainer.engine import Trainer, steps_per_epoch
 from trainer.log import setup_logging
+from trainer.metrics import prepare_multiprocess_dir, start_metrics
 from trainer.models import MODELS, build_model
 
 EXIT_CONFIG_ERROR = 2
@@ -103,12 +106,29 @@ def train(config: Config, context: DistContext) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     rng.seed_everything(config.seed * 65537 + context.rank + 1)  # distinct dropout per rank
     device = select_device(config.train.device, context)
-    with process_group(context, device):
-        try:
-            Trainer(config, context, device, splits, module, checkpointer, logger).run()
-        except ConfigError as error:
-            return report(error, context)
+    prepare_multiprocess_dir(config.metrics, context)
+    metrics = start_metrics(config.metrics, context, run_info(config, context), device, logger)
+    try:
+        with process_group(context, device):
+            try:
+                Trainer(config, context, device, splits, module, checkpointer, logger, metrics).run()
+            except ConfigError as error:
+                return report(error, context)
+    finally:
+        metrics.close()
     return 0
+
+
+def run_info(config: Config, context: DistContext) -> dict[str, str]:
+    """Labels of `ddp_run_info`: what ran, where, with what."""
+    return {
+        "run_id": context.run_id,
+        "model": config.model.name,
+        "dataset": config.data.name,
+        "world_size": str(context.world_size),
+        "torch_version": torch.__version__,
+        "image": os.environ.get("TRAINER_IMAGE", "none"),
+    }
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

@@ -145,6 +145,21 @@ class CheckpointConfig:
 
 
 @dataclass(config=_SECTION)
+class MetricsConfig:
+    """Prometheus metrics: local rank 0 serves every local rank's series on `port` (0 = off).
+
+    `peak_flops_per_device` overrides the device table used for MFU (needed on CPU);
+    `history_file`, if set, is where rank 0 appends one JSON line per progress log, the
+    input of the run report."""
+
+    port: Annotated[int, Field(strict=True, ge=0, le=65535)] = 9401
+    address: str = "127.0.0.1"
+    multiproc_dir: str = ""
+    peak_flops_per_device: NonNegativeFloat = 0.0
+    history_file: str = ""
+
+
+@dataclass(config=_SECTION)
 class LogConfig:
     """Rank-0 progress log: text for humans or JSON lines for machines."""
 
@@ -161,6 +176,7 @@ class Config:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
     seed: NonNegativeInt = 0
 

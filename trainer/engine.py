@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import sys
@@ -23,8 +24,10 @@ from trainer.distributed import DistContext, broadcast_flag, broadcast_int
 from trainer.early_stopping import EarlyStopping
 from trainer.evaluate import evaluate
 from trainer.log import event
+from trainer.metrics import Metrics, peak_flops
 from trainer.optim import batch_math, build_optimizer, build_scheduler
 from trainer.step import autocast_for, train_step
+from trainer.straggler import BucketClock, straggler_lag
 
 
 @dataclass
@@ -47,11 +50,13 @@ class Window:
         self.started = time.perf_counter()
         self.steps = 0
         self.data_wait = 0.0
+        self.busy = 0.0
         self.loss_sum: torch.Tensor | None = None
 
-    def add(self, loss: torch.Tensor, data_wait: float) -> None:
+    def add(self, loss: torch.Tensor, data_wait: float, compute: float) -> None:
         self.steps += 1
         self.data_wait += data_wait
+        self.busy += data_wait + compute
         self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
 
 
@@ -67,9 +72,10 @@ class Trainer:
         module: nn.Module,
         checkpointer: Checkpointer,
         logger: logging.Logger,
+        metrics: Metrics,
     ) -> None:
         self.config, self.context, self.device = config, context, device
-        self.splits, self.checkpointer, self.log = splits, checkpointer, logger
+        self.splits, self.checkpointer, self.log, self.metrics = splits, checkpointer, logger, metrics
         self.writer = CheckpointWriter(
             checkpointer,
             background=config.checkpoint.async_save,
@@ -101,6 +107,11 @@ class Trainer:
         self.last_validated: int | None = None
         self.val_metrics: dict[str, float] = {}
         self.model: DistributedDataParallel | None = None
+        self.clock = BucketClock()
+        self.grad_norm: float | None = None
+        self.flops_per_sample: float | None = getattr(module, "flops_per_sample", None)
+        device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        self.peak_flops = peak_flops(config.metrics, device_name)
 
     # ----- lifecycle -------------------------------------------------------------------
 
@@ -117,7 +128,19 @@ class Trainer:
         self.model = DistributedDataParallel(
             self.module, device_ids=[self.device.index] if self.device.type == "cuda" else None
         )
+        if self.config.metrics.port:
+            self.clock.install(self.model)
         self._banner()
+        self.metrics.progress(
+            {
+                "global_batch": self.math.global_batch,
+                "world_size": self.context.world_size,
+                "restart_count": self.context.restart_count,
+                "epoch": self.progress.epoch + 1,
+                "peak_flops": self.peak_flops or None,
+                "checkpoint_every_steps": self.config.checkpoint.every_steps,
+            }
+        )
         started = time.perf_counter()
         if self._finished():
             event(
@@ -130,6 +153,8 @@ class Trainer:
         if self.last_validated != self.progress.step:
             self._validate()
         self.writer.wait()
+        self.metrics.checkpoints(self.writer.stats)
+        self.metrics.flush()
         test = self._evaluate(self.splits.test) if len(self.splits.test) else {}
         summary = {
             "steps": self.progress.step,
@@ -213,10 +238,12 @@ class Trainer:
         batches = iter(self.loader)
         samples_per_step = self.math.global_batch
         window = Window()
+        samples_per_rank = train.batch_size * train.grad_accum_steps
+        tokens_per_rank = samples_per_rank * self.splits.spec.tokens_per_sample
         while True:
-            waited = time.perf_counter()
+            started = time.perf_counter()
             micro_batches = [next(batches) for _ in range(train.grad_accum_steps)]
-            waited = time.perf_counter() - waited
+            fetched = time.perf_counter()
             result = train_step(
                 self.model,
                 micro_batches,
@@ -226,9 +253,21 @@ class Trainer:
                 clip_grad_norm=train.clip_grad_norm,
             )
             self.scheduler.step()
+            ended = time.perf_counter()
+            waited = fetched - started
+            compute = self.clock.compute_since(fetched) or ended - fetched
+            self.metrics.step(
+                samples=samples_per_rank,
+                tokens=tokens_per_rank,
+                seconds=ended - started,
+                data_wait=waited,
+                compute=compute,
+            )
+            if result.grad_norm is not None:
+                self.grad_norm = result.grad_norm
             progress.step += 1
             progress.epoch_position += samples_per_step
-            window.add(result.loss, waited)
+            window.add(result.loss, waited, compute)
             bar.update(1)
             if progress.step % self.config.log.every_steps == 0 or progress.step == self.total_steps:
                 self._log_progress(window)
@@ -253,12 +292,22 @@ class Trainer:
         )
 
     def _log_progress(self, window: Window) -> None:
-        loss = window.loss_sum.detach().clone()
-        dist.all_reduce(loss)
+        """One gather of every rank's loss, busy and data-wait time; rank 0 logs and exports."""
+        local = torch.tensor(
+            [window.loss_sum.item(), window.busy, window.data_wait], dtype=torch.float64, device=self.device
+        )
+        gathered = [torch.zeros_like(local) for _ in range(self.context.world_size)]
+        dist.all_gather(gathered, local)
+        table = torch.stack(gathered).cpu()
+        if not self.context.is_main:
+            self.metrics.progress({"epoch": self.progress.epoch + 1})
+            window.reset()
+            return
         elapsed = time.perf_counter() - window.started
         progress = self.progress
-        mean_loss = loss.item() / self.context.world_size / window.steps
+        mean_loss = table[:, 0].sum().item() / self.context.world_size / window.steps
         rate = window.steps * self.math.global_batch / elapsed
+        lag, slowest = straggler_lag(table[:, 1].tolist())
         eta = (self.total_steps - progress.step) * elapsed / window.steps
         fields = {
             "epoch": progress.epoch + 1,
@@ -279,7 +328,30 @@ class Trainer:
             f"data wait {100 * fields['data_wait_share']:.1f}% eta {_duration(eta)}",
             **fields,
         )
+        mfu = None
+        if self.flops_per_sample and self.peak_flops:
+            mfu = self.flops_per_sample * rate / (self.peak_flops * self.context.world_size)
+        self.metrics.checkpoints(self.writer.stats)
+        self.metrics.progress(
+            {
+                "loss": mean_loss,
+                "lr": fields["lr"],
+                "grad_norm": None if self.grad_norm is None else float(self.grad_norm),
+                "epoch": fields["epoch"],
+                "samples_per_second": rate,
+                "mfu": mfu,
+                "straggler_lag": lag,
+                "slowest_rank": slowest,
+            }
+        )
+        self._append_history({**fields, "mfu": mfu, "straggler_lag": lag, "time": time.time()})
         window.reset()
+
+    def _append_history(self, record: dict[str, Any]) -> None:
+        """Rank 0's progress as JSON lines, the run report's input (`metrics.history_file`)."""
+        if self.config.metrics.history_file:
+            with open(self.config.metrics.history_file, "a") as handle:
+                handle.write(json.dumps(record) + "\n")
 
     def _end_epoch(self) -> None:
         """Validate, let early stopping decide (rank 0's decision for all), move to the next epoch."""
@@ -301,6 +373,7 @@ class Trainer:
     def _validate(self) -> dict[str, float]:
         metrics = self._evaluate(self.splits.val)
         self.val_metrics, self.last_validated = metrics, self.progress.step
+        self.metrics.validation(metrics["loss"], metrics["accuracy"])
         event(
             self.log,
             "validation",

@@ -55,6 +55,8 @@ class DecoderLM(nn.Module):
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab, bias=False)
         self.head.weight = self.tokens.weight
+        for embedding in (self.tokens, self.positions):  # small, so initial logits are near uniform
+            nn.init.normal_(embedding.weight, std=0.02)
         self.flops_per_sample = self._training_flops(seq_len, width, depth)
 
     def _training_flops(self, seq_len: int, width: int, depth: int) -> float:

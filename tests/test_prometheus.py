@@ -1,0 +1,146 @@
+"""A real Prometheus scrapes a 2-process run: every dashboard query and alert signal returns
+sane data, the exposition passes `promtool check metrics`, the rules pass `promtool test`."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+
+import pytest
+from conftest import REPO, process_env, torchrun_command
+
+from operator_scripts.monitoring import ALERTS, PANELS, dashboard, rendered
+
+JOB = "ddp-test"
+
+
+def concrete(expr: str) -> str:
+    """A dashboard query as Grafana would send it for this job."""
+    return expr.replace("$job", JOB).replace("$__rate_interval", "5s")
+
+
+def values(result: list[dict]) -> list[float]:
+    return [float(sample["value"][1]) for sample in result]
+
+
+def test_committed_dashboard_and_rules_match_their_builders():
+    for path, text in rendered().items():
+        assert path.read_text() == text, f"{path} is stale: python -m operator_scripts.monitoring write"
+
+
+def test_dashboard_has_a_datasource_variable_a_job_selector_and_only_job_scoped_queries():
+    board = dashboard()
+    variables = {variable["name"]: variable for variable in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["job"]["includeAll"]
+    for panel in board["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}"
+        for target in panel["targets"]:
+            metrics = re.findall(r"(ddp_\w+)(\{[^}]*\})?", target["expr"])
+            assert metrics and all('job=~"$job"' in selector for _, selector in metrics), target["expr"]
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool is not installed (Debian 'prometheus')"
+)
+def test_alert_rules_pass_their_promtool_unit_tests():
+    completed = subprocess.run(
+        ["promtool", "test", "rules", "tests/promtool/alerts_test.yaml"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "SUCCESS" in completed.stdout
+
+
+def rank0_rates(log: str, since: float) -> list[float]:
+    """samples/s that rank 0 logged at or after `since` (unix time)."""
+    found = []
+    for line in log.splitlines():
+        match = re.match(r"(\S+Z) epoch .* ([\d,]+) samples/s", line)
+        if match and time.mktime(time.strptime(match[1], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone >= since:
+            found.append(float(match[2].replace(",", "")))
+    return found
+
+
+@pytest.mark.slow
+def test_prometheus_scrapes_a_two_rank_run(prometheus_server, workdir):
+    overrides = (
+        f"metrics.port={prometheus_server.metrics_port},metrics.peak_flops_per_device=1e11,"
+        "train.epochs=14,checkpoint.every_steps=50,log.every_steps=10,checkpoint.uri=ckpt"
+    )
+    output = workdir / "rank0.log"
+    with open(output, "w") as sink:
+        trainer = subprocess.Popen(
+            torchrun_command(["--config", "tokens", "--set", overrides]),
+            cwd=workdir,
+            env=process_env(),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while len(
+                values(prometheus_server.query(f'ddp_train_steps_total{{job="{JOB}"}}'))
+            ) < 2 or not values(
+                prometheus_server.query(f'ddp_checkpoint_last_success_timestamp_seconds{{job="{JOB}"}}')
+            ):
+                assert trainer.poll() is None and time.monotonic() < deadline, output.read_text()[-3000:]
+                time.sleep(0.5)
+            time.sleep(10)  # ten more scrapes, so 5 s rate windows are full
+            assert trainer.poll() is None, "the run ended before the queries; give it more epochs"
+            now = time.time()
+            exposition = urllib.request.urlopen(
+                f"http://127.0.0.1:{prometheus_server.metrics_port}/metrics"
+            ).read()
+            results = {
+                target_expr: prometheus_server.query(concrete(target_expr), at=now)
+                for panel in PANELS
+                for target_expr, _ in panel.targets
+            }
+            signals = {alert.name: prometheus_server.query(alert.signal, at=now) for alert in ALERTS}
+            alerts = {alert.name: prometheus_server.query(alert.expr, at=now) for alert in ALERTS}
+            global_rate = values(
+                prometheus_server.query(f'sum(rate(ddp_train_samples_total{{job="{JOB}"}}[10s]))', at=now)
+            )
+            rules = prometheus_server.get("/api/v1/rules")
+        finally:
+            trainer.wait(timeout=180)
+    assert trainer.returncode == 0, output.read_text()[-3000:]
+
+    for panel in PANELS:
+        for target_expr, _ in panel.targets:
+            found = values(results[target_expr])
+            if panel.cuda_only:
+                assert found == [], f"{panel.title}: CUDA series on a CPU run"  # no GPU in CI
+                continue
+            assert found, f"{panel.title}: no data for {concrete(target_expr)}"
+            assert all(math.isfinite(v) and v >= 0 for v in found), (panel.title, found)
+    by_title = {panel.title: values(results[panel.targets[0][0]]) for panel in PANELS}
+    for share in ("Scaling efficiency", "Data-wait share", "Validation accuracy", "MFU"):
+        assert all(0 <= v <= 1 for v in by_title[share]), (share, by_title[share])
+    assert by_title["MFU"][0] > 0
+    assert len(by_title["Samples/s per rank"]) == 2
+    assert by_title["Restarts"] == [0.0]
+    assert by_title["Checkpoint age"][0] < 60
+
+    logged = rank0_rates(output.read_text(), since=now - 10)
+    assert logged, "rank 0 logged no throughput in the last 10 s"
+    median_logged = sorted(logged)[len(logged) // 2]
+    assert abs(global_rate[0] - median_logged) / median_logged < 0.2, (global_rate, logged)
+
+    for alert in ALERTS:
+        found = values(signals[alert.name])
+        assert found and all(math.isfinite(v) for v in found), (alert.name, found)
+    assert alerts["DDPTrainingStalled"] == [] and alerts["DDPRestartsRising"] == []
+    assert alerts["DDPCheckpointStale"] == []
+    states = {rule["name"]: rule["health"] for group in rules["data"]["groups"] for rule in group["rules"]}
+    assert states == {alert.name: "ok" for alert in ALERTS}
+
+    checked = subprocess.run(["promtool", "check", "metrics"], input=exposition, capture_output=True)
+    assert checked.returncode == 0, checked.stdout.decode() + checked.stderr.decode()
