@@ -6,6 +6,7 @@ only reads them. Without torchrun the same code runs as a world of one.
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from collections.abc import Iterator, Mapping
@@ -89,8 +90,11 @@ def process_group(context: DistContext, device: torch.device) -> Iterator[None]:
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     yield
-    # Only on success: tearing down while a failed peer is mid-collective can hang. The
-    # barrier keeps one rank from closing connections that another still reads from.
+    # Only on success: tearing down while a failed peer is mid-collective can hang. DDP's
+    # reference cycles hold the group; freeing them first lets its threads be joined now
+    # rather than during interpreter shutdown (seen as a rare SIGABRT at exit). The barrier
+    # keeps one rank from closing connections that another still reads from.
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 

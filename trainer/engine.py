@@ -27,7 +27,7 @@ from trainer.log import event
 from trainer.metrics import Metrics, peak_flops
 from trainer.optim import batch_math, build_optimizer, build_scheduler
 from trainer.step import autocast_for, train_step
-from trainer.straggler import BucketClock, straggler_lag
+from trainer.straggler import BackwardClock, straggler_lag
 
 
 @dataclass
@@ -107,7 +107,7 @@ class Trainer:
         self.last_validated: int | None = None
         self.val_metrics: dict[str, float] = {}
         self.model: DistributedDataParallel | None = None
-        self.clock = BucketClock()
+        self.clock = BackwardClock()
         self.grad_norm: float | None = None
         self.flops_per_sample: float | None = getattr(module, "flops_per_sample", None)
         device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -129,7 +129,7 @@ class Trainer:
             self.module, device_ids=[self.device.index] if self.device.type == "cuda" else None
         )
         if self.config.metrics.port:
-            self.clock.install(self.model)
+            self.clock.install(self.module)
         self._banner()
         self.metrics.progress(
             {
