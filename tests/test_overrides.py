@@ -54,3 +54,25 @@ def test_deep_merge_replaces_leaves_and_merges_sections():
     merged = deep_merge(base, {"train": {"epochs": 5}, "seed": 2})
     assert merged == {"train": {"epochs": 5, "amp": "off"}, "seed": 2}
     assert base["train"]["epochs"] == 3
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "train.batch_size=16,optim.lr=3e-4",
+        "a.b.c=true,a.d=null,a.e=007,a.f=-3",
+        "optim.betas={0.9,0.95}",
+        r"data.options.name=a\,b,data.options.x\.y=1",
+        "list[1].name=b,list[0]=a",
+        "uri=s3://bucket/prefix=1",
+    ],
+)
+def test_same_result_as_helms_own_parser(expression):
+    """helm-python-sdk runs Helm's strvals parser; ours must agree (it is not a runtime
+    dependency of the trainer image, hence a parser of our own)."""
+    helm_python = pytest.importorskip("helm_python")
+    assert parse_set(expression) == helm_python.parse_set_string(expression)
+
+
+def test_an_empty_list_is_empty_unlike_helm():
+    assert parse_set("x={}") == {"x": []}  # Helm gives [""]; an empty list is what users mean

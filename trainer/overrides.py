@@ -3,7 +3,9 @@
 Supported, as in Helm's `strvals`: `a.b=c`, several pairs separated by commas, lists as
 `{x,y}`, list elements as `a[0]=x`, backslash escapes for `, . = { } [ ]`, and Helm's
 typing of scalars (`true`/`false`, `null`, integers without leading zeros; everything else
-stays a string and the config schema converts it, so `optim.lr=3e-4` works).
+stays a string and the config schema converts it, so `optim.lr=3e-4` works). A test
+checks agreement with Helm's own parser; one deliberate difference: `x={}` is an empty
+list here, where Helm gives `[""]`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,159 @@
+"""The chart, rendered as `helm install --dry-run=client` would, with no helm binary:
+helm-python-sdk runs Helm's own engine in-process (schema check, templates, NOTES)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CHART_DIR = Path(__file__).resolve().parents[1] / "helm"
+
+
+@dataclass(frozen=True)
+class RenderedChart:
+    """The manifest as Helm prints it, its objects, and the NOTES text."""
+
+    manifest: str
+    objects: list[dict[str, Any]]
+    notes: str
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [item for item in self.objects if item.get("kind") == kind]
+
+    def one(self, kind: str) -> dict[str, Any]:
+        (found,) = self.of_kind(kind)
+        return found
+
+
+def merge_values(files: Sequence[Path] = (), sets: Sequence[str] = ()) -> dict[str, Any]:
+    """`-f FILE` then `--set EXPR` in order, with Helm's own parser for the latter."""
+    from helm_python import parse_set_string
+
+    merged: dict[str, Any] = {}
+    for path in files:
+        merged = _deep_merge(merged, yaml.safe_load(Path(path).read_text()) or {})
+    for expression in sets:
+        merged = _deep_merge(merged, parse_set_string(expression))
+    return merged
+
+
+def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in update.items():
+        merged[key] = (
+            _deep_merge(merged[key], value)
+            if isinstance(value, dict) and isinstance(merged.get(key), dict)
+            else value
+        )
+    return merged
+
+
+def render(
+    values: dict[str, Any] | None = None, *, release: str = "ddp-run", namespace: str = "default"
+) -> RenderedChart:
+    """Render the chart for `release` in `namespace`; raises helm_python.HelmError with
+    Helm's message for values the schema or a template refuses."""
+    from helm_python import Chart, Config
+
+    chart = Chart.load(CHART_DIR)
+    result = Config().install(chart, release, values or {}, namespace=namespace, dry_run="client")
+    objects = [item for item in yaml.safe_load_all(result["manifest"]) if item]
+    return RenderedChart(manifest=result["manifest"], objects=objects, notes=result.get("notes", ""))
+
+
+# ----- plain manifests in k8s/ and the chart's parameters table ----------------------------
+
+ROOT = CHART_DIR.parent
+K8S_BASE = ROOT / "k8s" / "base"
+K8S_REFERENCE = ROOT / "k8s" / "reference-values.yaml"
+K8S_RELEASE, K8S_NAMESPACE = "ddp-run", "training"
+README = CHART_DIR / "README.md"
+TABLE_BEGIN, TABLE_END = "<!-- parameters:begin -->", "<!-- parameters:end -->"
+
+
+def k8s_base_files() -> dict[Path, str]:
+    """The chart rendered with k8s/reference-values.yaml, one file per template, plus the
+    kustomization that lists them."""
+    rendered = render(merge_values(files=[K8S_REFERENCE]), release=K8S_RELEASE, namespace=K8S_NAMESPACE)
+    header = "# Generated from the chart by `python -m operator_scripts.chart write`; do not edit.\n"
+    files: dict[Path, str] = {}
+    for document in rendered.manifest.split("\n---\n"):
+        source = re.search(r"^# Source: [^/]+/templates/(\S+)\.yaml$", document, re.MULTILINE)
+        if source:
+            body = re.sub(r"^---\n|^# Source: .*\n", "", document.strip() + "\n", flags=re.MULTILINE)
+            files[K8S_BASE / f"{source[1]}.yaml"] = header + body
+    names = sorted(path.name for path in files)
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": names,
+    }
+    files[K8S_BASE / "kustomization.yaml"] = header + yaml.safe_dump(kustomization, sort_keys=False)
+    return files
+
+
+def parameters_table() -> str:
+    """Markdown table of every `# --` documented key in values.yaml with its default."""
+    rows, stack, comment = [], [], []
+    lines = (CHART_DIR / "values.yaml").read_text().splitlines()
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith("# --"):
+            comment = [stripped[4:].strip()]
+            continue
+        if stripped.startswith("#") and comment:
+            comment.append(stripped[1:].strip())
+            continue
+        match = re.match(r"^(\s*)([A-Za-z][\w.-]*):\s*(.*)$", line)
+        if not match:
+            continue
+        indent = len(match[1])
+        stack = [(i, k) for i, k in stack if i < indent] + [(indent, match[2])]
+        if comment:
+            default = match[3] or "see values.yaml"
+            rows.append(f"| `{'.'.join(k for _, k in stack)}` | {' '.join(comment)} | `{default}` |")
+        comment = []
+    return "\n".join(["| key | description | default |", "| --- | --- | --- |", *rows])
+
+
+def docs_files() -> dict[Path, str]:
+    text = README.read_text()
+    before, _, rest = text.partition(TABLE_BEGIN)
+    _, _, after = rest.partition(TABLE_END)
+    return {README: f"{before}{TABLE_BEGIN}\n{parameters_table()}\n{TABLE_END}{after}"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Regenerate or check k8s/base and the chart's parameters table."
+    )
+    parser.add_argument("action", choices=["write", "check"])
+    args = parser.parse_args(argv)
+    wanted = {**k8s_base_files(), **docs_files()}
+    stale = [path for path, text in wanted.items() if not path.is_file() or path.read_text() != text]
+    if args.action == "check":
+        for path in stale:
+            print(
+                f"stale: {path.relative_to(ROOT)}; run python -m operator_scripts.chart write",
+                file=sys.stderr,
+            )
+        return 1 if stale else 0
+    for path in sorted(K8S_BASE.glob("*.yaml")):
+        if path not in wanted:
+            path.unlink()
+    for path, text in wanted.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    print(f"wrote {len(wanted)} files")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,354 @@
+"""The Helm chart, rendered by Helm's own engine (helm-python-sdk), checked against the
+Kubernetes schemas, the PyTorchJob CRD, the operator's webhook rules and its SDK model."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from helm_python import HelmError, lint
+from k8s_rules import CRD_FILE, pytorchjob_schema, webhook_problems
+
+from operator_scripts.chart import CHART_DIR, merge_values, render
+from trainer.config import from_tree
+
+SCENARIOS = sorted((CHART_DIR / "ci").glob("*-values.yaml"))
+K8S_VERSION = "1.30.0"
+
+
+def scenario(path: Path):
+    return render(merge_values(files=[path]), release="ddp-run", namespace="training")
+
+
+def pod_templates(job: dict) -> dict[str, dict]:
+    return {kind: spec["template"] for kind, spec in job["spec"]["pytorchReplicaSpecs"].items()}
+
+
+def trainer_container(template: dict) -> dict:
+    (container,) = [c for c in template["spec"]["containers"] if c["name"] == "pytorch"]
+    return container
+
+
+# ----- render and lint --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.name for p in SCENARIOS])
+def test_every_ci_scenario_renders_and_lints_clean(path):
+    report = lint(
+        str(CHART_DIR), yaml.safe_load(path.read_text()), strict=True, kube_version=f"v{K8S_VERSION}"
+    )
+    problems = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
+    assert problems == [], problems
+    assert scenario(path).one("PyTorchJob")
+
+
+@pytest.mark.parametrize(("gpus", "pods", "procs"), [(8, 1, 8), (16, 2, 8), (4, 1, 4), (1, 1, 1), (64, 8, 8)])
+def test_gpu_math(gpus, pods, procs):
+    rendered = render(merge_values(sets=[f"gpus={gpus}"]))
+    job = rendered.one("PyTorchJob")
+    assert job["spec"]["nprocPerNode"] == str(procs)
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == pods
+    assert "Master" not in job["spec"]["pytorchReplicaSpecs"]
+    limits = trainer_container(pod_templates(job)["Worker"])["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == str(procs)
+    assert f"world size {pods * procs}" in rendered.notes
+    assert f"x {pods * procs} ranks x 1 accumulation = {32 * pods * procs}" in rendered.notes
+
+
+def test_cpu_mode():
+    job = render(merge_values(sets=["gpus=0,cpuNodes=3,cpuProcsPerNode=2"])).one("PyTorchJob")
+    assert (
+        job["spec"]["nprocPerNode"] == "2" and job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+    )
+    resources = trainer_container(pod_templates(job)["Worker"])["resources"]
+    assert "nvidia.com/gpu" not in json.dumps(resources)
+
+
+def test_fixed_mode_has_one_master_and_the_rest_workers():
+    job = scenario(CHART_DIR / "ci" / "fixed-mode-values.yaml").one("PyTorchJob")
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    assert specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 3
+    assert "elasticPolicy" not in job["spec"]
+    single = render(merge_values(sets=["mode=fixed,gpus=8"])).one("PyTorchJob")
+    assert list(single["spec"]["pytorchReplicaSpecs"]) == ["Master"]
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        ("gpus=12", "gpus=12 does not split into whole nodes of gpusPerNode=8: set gpus to a multiple of 8"),
+        ("gpus=-1", "at '/gpus': minimum: got -1, want 0"),
+        ("gpus=0,cpuProcsPerNode=0", "at '/cpuProcsPerNode': minimum: got 0, want 1"),
+        ("gpus=0,cpuNodes=0", "at '/cpuNodes': minimum: got 0, want 1"),
+        ("gpusPerNode=0", "at '/gpusPerNode': minimum: got 0, want 1"),
+        ("gpus=16,elastic.minNodes=3", "elastic.minNodes=3 and elastic.maxNodes=2 must bracket the 2 pods"),
+        ("mode=static", "at '/mode'"),
+        ("checkpoints.s3.secretAccessKey=abc", "additional properties 'secretAccessKey' not allowed"),
+    ],
+)
+def test_bad_values_fail_with_what_to_set(sets, message):
+    with pytest.raises(HelmError) as failure:
+        render(merge_values(sets=[sets]))
+    assert message in str(failure.value)
+
+
+# ----- the PyTorchJob as the operator sees it --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def crd_schema():
+    schema = pytorchjob_schema()
+    if schema is None:
+        pytest.skip(f"{CRD_FILE} is absent (shared/reference is not beside this checkout)")
+    return schema
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.name for p in SCENARIOS])
+def test_pytorchjob_passes_the_crd_schema_strictly(path, crd_schema):
+    job = scenario(path).one("PyTorchJob")
+    jsonschema.validate(job, crd_schema)
+
+
+def test_the_strict_schema_catches_an_unknown_field(crd_schema):
+    job = render().one("PyTorchJob")
+    job["spec"]["elasticPolicy"]["nProcPerNodes"] = 8
+    with pytest.raises(jsonschema.ValidationError, match="nProcPerNodes"):
+        jsonschema.validate(job, crd_schema)
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.name for p in SCENARIOS])
+def test_pytorchjob_meets_the_operators_rules(path):
+    job = scenario(path).one("PyTorchJob")
+    assert webhook_problems(job) == []
+
+
+def test_the_rule_checker_catches_what_the_webhook_rejects():
+    job = render().one("PyTorchJob")
+    broken = copy.deepcopy(job)
+    broken["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = "trainer"
+    broken["spec"]["elasticPolicy"]["nProcPerNode"] = 1
+    broken["metadata"]["name"] = "Ddp_Run"
+    assert len(webhook_problems(broken)) == 3
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.name for p in SCENARIOS])
+def test_pytorchjob_round_trips_through_the_kubeflow_sdk_model(path):
+    from kubeflow.training.api_client import ApiClient
+
+    job = scenario(path).one("PyTorchJob")
+
+    class Response:
+        data = json.dumps(job)
+
+    client = ApiClient()
+    model = client.deserialize(Response(), "KubeflowOrgV1PyTorchJob")
+    assert client.sanitize_for_serialization(model) == job
+
+
+# ----- built-in kinds, strictly ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.name for p in SCENARIOS])
+def test_builtin_objects_and_pod_templates_pass_kubernetes_validate_strictly(path):
+    rendered = scenario(path)
+    builtin = [
+        o for o in rendered.objects if o["apiVersion"] in {"v1", "apps/v1", "rbac.authorization.k8s.io/v1"}
+    ]
+    assert builtin
+    for item in builtin:
+        kubernetes_validate.validate(item, K8S_VERSION, strict=True)
+    for kind, template in pod_templates(rendered.one("PyTorchJob")).items():
+        pod_template = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": kind.lower()},
+            "template": template,
+        }
+        kubernetes_validate.validate(pod_template, K8S_VERSION, strict=True)
+
+
+def test_strict_validation_catches_an_unknown_pod_field():
+    template = pod_templates(render().one("PyTorchJob"))["Worker"]
+    template["spec"]["containers"][0]["gpus"] = 8
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(
+            {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "w"}, "template": template},
+            K8S_VERSION,
+            strict=True,
+        )
+
+
+# ----- what the pods get --------------------------------------------------------------------
+
+
+def test_trainer_config_is_a_valid_trainer_config_mounted_in_the_pods():
+    rendered = scenario(CHART_DIR / "ci" / "gpu-16-s3-values.yaml")
+    (config_map,) = [c for c in rendered.of_kind("ConfigMap") if c["metadata"]["name"].endswith("-config")]
+    config = from_tree(yaml.safe_load(config_map["data"]["config.yaml"]))
+    assert config.checkpoint.uri == "s3://ddp-checkpoints/runs/ddp-run"
+    assert (config.metrics.port, config.metrics.address) == (9401, "0.0.0.0")
+    container = trainer_container(pod_templates(rendered.one("PyTorchJob"))["Worker"])
+    assert container["args"][:4] == ["-m", "trainer", "--config", "/etc/ddp-trainer/config.yaml"]
+    assert container["args"][4:] == ["--set", "train.amp=bf16"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/etc/ddp-trainer"]["readOnly"]
+
+
+def test_elastic_policy_defaults():
+    job = render(namespace="research").one("PyTorchJob")
+    policy = job["spec"]["elasticPolicy"]
+    assert policy["rdzvBackend"] == "c10d" and policy["rdzvId"] == "research-ddp-run-ddp-trainer"
+    assert (policy["minReplicas"], policy["maxReplicas"], policy["maxRestarts"]) == (1, 1, 3)
+    env = {e["name"]: e.get("value") for e in trainer_container(pod_templates(job)["Worker"])["env"]}
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
+def test_security_defaults():
+    rendered = render()
+    template = pod_templates(rendered.one("PyTorchJob"))["Worker"]
+    pod, container = template["spec"], trainer_container(template)
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    assert rendered.one("ServiceAccount")["automountServiceAccountToken"] is False
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"/dev/shm", "/tmp", "/checkpoints"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert pod["terminationGracePeriodSeconds"] >= 300
+
+
+def test_credentials_only_by_reference():
+    rendered = scenario(CHART_DIR / "ci" / "gpu-16-s3-values.yaml")
+    env = trainer_container(pod_templates(rendered.one("PyTorchJob"))["Worker"])["env"]
+    secret_refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if "valueFrom" in e}
+    assert secret_refs == {
+        "AWS_ACCESS_KEY_ID": {"name": "ddp-s3-credentials", "key": "AWS_ACCESS_KEY_ID"},
+        "AWS_SECRET_ACCESS_KEY": {"name": "ddp-s3-credentials", "key": "AWS_SECRET_ACCESS_KEY"},
+    }
+    assert not rendered.of_kind("Secret")
+    sensitive = re.compile(r"(?i)secret|password|token|access_key|credential")
+    for path in SCENARIOS:
+        rendered = scenario(path)
+        assert not re.search(r"AKIA[0-9A-Z]{16}", rendered.manifest)
+        for template in pod_templates(rendered.one("PyTorchJob")).values():
+            for variable in trainer_container(template)["env"]:
+                assert not (sensitive.search(variable["name"]) and "value" in variable), (path.name, variable)
+        for config_map in rendered.of_kind("ConfigMap"):
+            assert not re.search(
+                r"(?im)^\s*(aws_\w+|\w*secret\w*|\w*password\w*)\s*:", str(config_map["data"])
+            )
+
+
+def test_irsa_kueue_gang_and_placement():
+    rendered = scenario(CHART_DIR / "ci" / "irsa-kueue-gang-values.yaml")
+    job = rendered.one("PyTorchJob")
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    run_policy = job["spec"]["runPolicy"]
+    assert run_policy["suspend"] is True
+    assert run_policy["schedulingPolicy"] == {
+        "minAvailable": 2,
+        "queue": "training",
+        "scheduleTimeoutSeconds": 600,
+    }
+    assert (run_policy["ttlSecondsAfterFinished"], run_policy["activeDeadlineSeconds"]) == (86400, 172800)
+    assert run_policy["cleanPodPolicy"] == "Running" and run_policy["backoffLimit"] == 3
+    assert job["spec"]["elasticPolicy"]["rdzvConf"] == [{"key": "join_timeout", "value": "900"}]
+    account = rendered.one("ServiceAccount")
+    assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith("role/ddp-checkpoints")
+    pod = pod_templates(job)["Worker"]["spec"]
+    assert (
+        pod["automountServiceAccountToken"] is True
+        and pod["serviceAccountName"] == account["metadata"]["name"]
+    )
+    assert pod["priorityClassName"] == "training-high" and pod["imagePullSecrets"] == [
+        {"name": "registry-credentials"}
+    ]
+    assert pod["nodeSelector"] and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    env = {e["name"] for e in trainer_container(pod_templates(job)["Worker"])["env"]}
+    assert "AWS_SECRET_ACCESS_KEY" not in env and "AWS_REGION" in env
+
+
+def test_monitoring_objects_and_their_switches():
+    rendered = render()
+    monitor = rendered.one("PodMonitor")
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    labels = pod_templates(rendered.one("PyTorchJob"))["Worker"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (dashboard,) = [c for c in rendered.of_kind("ConfigMap") if c["metadata"]["name"].endswith("-dashboard")]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["ddp-training.json"])["uid"] == "ddp-training"
+    rules = rendered.one("PrometheusRule")["spec"]["groups"][0]["rules"]
+    assert {rule["alert"] for rule in rules} >= {"DDPTrainingStalled", "DDPCheckpointStale"}
+
+    minimal = scenario(CHART_DIR / "ci" / "minimal-values.yaml")
+    assert sorted(o["kind"] for o in minimal.objects) == ["ConfigMap", "PyTorchJob"]
+    container = trainer_container(pod_templates(minimal.one("PyTorchJob"))["Worker"])
+    assert [p["name"] for p in container["ports"]] == ["pytorchjob-port"]
+    volumes = {v["name"]: v for v in pod_templates(minimal.one("PyTorchJob"))["Worker"]["spec"]["volumes"]}
+    assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "shared-checkpoints"
+
+
+def test_notes_say_how_to_follow_rank_zero():
+    notes = render(merge_values(sets=["gpus=8"]), namespace="training").notes
+    assert "world size 8" in notes and "global batch 32 per rank x 8 ranks x 1 accumulation = 256" in notes
+    assert (
+        "kubectl logs -n training -f -c pytorch -l training.kubeflow.org/job-name=ddp-run-ddp-trainer,"
+        "training.kubeflow.org/job-role=master" in notes
+    )
+
+
+def test_long_release_names_stay_within_kubernetes_limits():
+    rendered = render(release="a-very-long-release-name-for-a-training-run-that-goes")
+    for item in rendered.objects:
+        assert len(item["metadata"]["name"]) <= 63
+    assert len(rendered.one("PyTorchJob")["metadata"]["name"]) <= 52
+    with pytest.raises(HelmError, match="must start with a letter"):
+        render(release="7th-run")
+
+
+def documented_paths(text: str) -> set[str]:
+    """Dotted paths of keys preceded by a `# --` comment (the helm-docs convention)."""
+    documented, stack, pending = set(), [], False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("# --"):
+            pending = True
+            continue
+        match = re.match(r"^(\s*)([A-Za-z][\w.-]*):", line)
+        if not match:
+            continue
+        indent = len(match[1])
+        stack = [(i, k) for i, k in stack if i < indent] + [(indent, match[2])]
+        if pending:
+            documented.add(".".join(key for _, key in stack))
+        pending = False
+    return documented
+
+
+def leaf_paths(tree: dict, prefix: str = "") -> list[str]:
+    paths = []
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        paths += leaf_paths(value, path + ".") if isinstance(value, dict) and value else [path]
+    return paths
+
+
+def test_values_file_documents_every_key():
+    text = (CHART_DIR / "values.yaml").read_text()
+    documented = documented_paths(text)
+    for path in leaf_paths(yaml.safe_load(text)):
+        parts = path.split(".")
+        ancestors = {".".join(parts[:n]) for n in range(1, len(parts) + 1)}
+        assert ancestors & documented, f"values.yaml: {path} has no '# --' comment"

@@ -1,0 +1,59 @@
+"""Plain manifests in k8s/: generated from the chart (and checked for drift), buildable with
+kustomize, and as acceptable to the API server and the operator as the chart itself."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from conftest import REPO
+from k8s_rules import pytorchjob_schema, webhook_problems
+
+from operator_scripts.chart import docs_files, k8s_base_files
+
+K8S_VERSION = "1.30.0"
+
+
+def test_k8s_base_and_chart_readme_match_the_chart():
+    for path, text in {**k8s_base_files(), **docs_files()}.items():
+        assert path.is_file() and path.read_text() == text, (
+            f"{path.relative_to(REPO)} is stale: python -m operator_scripts.chart write"
+        )
+    listed = sorted(p.name for p in (REPO / "k8s" / "base").glob("*.yaml"))
+    assert listed == sorted(p.name for p in k8s_base_files())
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@pytest.mark.parametrize("target", ["base", "overlays/two-nodes"])
+def test_kustomize_builds_valid_objects(target):
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(REPO / "k8s" / target)], capture_output=True, text=True, check=True
+    ).stdout
+    objects = [item for item in yaml.safe_load_all(built) if item]
+    (job,) = [item for item in objects if item["kind"] == "PyTorchJob"]
+    workers = 2 if target.endswith("two-nodes") else 1
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == workers
+    assert (
+        job["spec"]["elasticPolicy"]["minReplicas"] == job["spec"]["elasticPolicy"]["maxReplicas"] == workers
+    )
+    assert webhook_problems(job) == []
+    schema = pytorchjob_schema()
+    if schema is not None:
+        jsonschema.validate(job, schema)
+    for item in objects:
+        if item["apiVersion"] == "v1":
+            kubernetes_validate.validate(item, K8S_VERSION, strict=True)
+
+
+def test_prerequisite_manifests_are_valid_and_hold_no_real_keys():
+    folder = REPO / "k8s" / "prerequisites"
+    for path in sorted(folder.glob("*.yaml")):
+        for item in (item for item in yaml.safe_load_all(path.read_text()) if item):
+            kubernetes_validate.validate(item, K8S_VERSION, strict=True)
+            if item["kind"] == "Secret":
+                assert all(value.startswith("REPLACE-WITH") for value in item["stringData"].values())
+    assert "v1.9.4" in (folder / "README.md").read_text()
