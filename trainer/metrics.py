@@ -22,6 +22,7 @@ from typing import Any
 from trainer.checkpoint import CheckpointStats
 from trainer.config import MetricsConfig
 from trainer.distributed import DistContext
+from trainer.log import event
 
 RANK_LABELS = ("rank", "local_rank", "node_rank")
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -256,5 +257,6 @@ def start_metrics(
             )
         else:
             atexit.register(server.shutdown)
-            logger.info("metrics on http://%s:%d/metrics", config.address, config.port)
+            url = f"http://{config.address}:{config.port}/metrics"
+            event(logger, "metrics", f"metrics on {url}", url=url)
     return metrics
