@@ -1,0 +1,115 @@
+"""`ddp-ops`: the operator's CLI for the chart's PyTorchJob.
+
+ddp-ops render  [-f VALUES] [--set K=V] [--release R] [-n NS]   manifests, as helm template
+ddp-ops submit  [-f VALUES] [--set K=V] [--release R] [-n NS] [--dry-run]
+ddp-ops status  JOB [-n NS]        conditions, replicas, restarts, age, rank 0's pod
+ddp-ops logs    JOB [-n NS] [-f]   rank 0's pytorch container
+ddp-ops delete  JOB [-n NS]
+ddp-ops local   [-f VALUES] [--set K=V] [--workdir DIR]   run the rendered job here
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from operator_scripts.chart import merge_values, render
+from operator_scripts.cluster import Cluster, ClusterError, format_status
+
+
+def _chart_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-f", "--values", action="append", default=[], type=Path, help="values file (repeatable)"
+    )
+    parser.add_argument(
+        "--set", dest="sets", action="append", default=[], help="Helm --set expression (repeatable)"
+    )
+    parser.add_argument("--release", default="ddp-run", help="release name (default ddp-run)")
+    parser.add_argument("-n", "--namespace", default="default", help="namespace (default default)")
+
+
+def _job_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", help="PyTorchJob name (the release's full name, e.g. ddp-run-ddp-trainer)")
+    parser.add_argument("-n", "--namespace", default="default", help="namespace (default default)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddp-ops", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    _chart_arguments(commands.add_parser("render", help="render the chart to manifests (no helm binary)"))
+    submit = commands.add_parser("submit", help="render and create the objects in the cluster")
+    _chart_arguments(submit)
+    submit.add_argument("--dry-run", action="store_true", help="print what would be created, contact nothing")
+    _job_arguments(
+        commands.add_parser("status", help="a job's conditions, replicas, restarts and rank 0's pod")
+    )
+    logs = commands.add_parser("logs", help="rank 0's log (the pytorch container)")
+    _job_arguments(logs)
+    logs.add_argument("-f", "--follow", action="store_true", help="stream the log")
+    _job_arguments(commands.add_parser("delete", help="delete the PyTorchJob"))
+    local = commands.add_parser("local", help="run the rendered job on this machine, pods as processes")
+    _chart_arguments(local)
+    local.add_argument("--workdir", type=Path, help="folder for the pods' files (default: a temporary one)")
+    local.add_argument("--timeout", type=float, default=3600, help="seconds before the job counts as failed")
+    return parser
+
+
+def _render(args: argparse.Namespace):
+    return render(merge_values(args.values, args.sets), release=args.release, namespace=args.namespace)
+
+
+def _local(args: argparse.Namespace) -> int:
+    from operator_scripts.local import run
+
+    rendered = _render(args)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ddp-local-"))
+    outcome = run(rendered.objects, workdir, timeout=args.timeout)
+    print(f"job {outcome.status}: restarts {outcome.restarts}; pod logs under {workdir}", file=sys.stderr)
+    return 0 if outcome.status == "Succeeded" else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from helm_python import HelmError
+
+    try:
+        if args.command == "render":
+            rendered = _render(args)
+            print(rendered.manifest, end="")
+            print(rendered.notes, file=sys.stderr)
+        elif args.command == "submit":
+            rendered = _render(args)
+            if args.dry_run:
+                print(yaml.safe_dump_all(rendered.objects, sort_keys=False), end="")
+                return 0
+            cluster = Cluster()
+            for item in rendered.objects:
+                print(cluster.create(item, args.namespace))
+            print(rendered.notes, file=sys.stderr)
+        elif args.command == "status":
+            print(format_status(Cluster().status(args.job, args.namespace)))
+        elif args.command == "logs":
+            cluster = Cluster()
+            pod = cluster.rank0_pod(args.job, args.namespace)
+            print(f"# rank 0: pod {pod}", file=sys.stderr)
+            for line in cluster.log(pod, args.namespace, follow=args.follow):
+                print(line, flush=True)
+        elif args.command == "delete":
+            print(Cluster().delete(args.job, args.namespace))
+        elif args.command == "local":
+            return _local(args)
+    except (ClusterError, HelmError) as error:
+        print(f"ddp-ops {args.command}: error: {error}".rstrip(), file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
