@@ -120,3 +120,19 @@ def test_a_job_whose_pods_keep_failing_ends_failed_after_its_backoff_limit(tmp_p
     assert outcome.status == "Failed" and outcome.restarts == 1
     text = next(iter(outcome.logs.values())).read_text()
     assert "train.batch_size=0: must be greater than 0" in text
+
+
+@pytest.mark.slow
+def test_master_and_worker_mode_runs_locally(tmp_path):
+    values = merge_values(
+        files=[CPU_VALUES], sets=["mode=fixed,metrics.port=9413,trainer.config.train.max_steps=15"]
+    )
+    rendered = render(values, release="fixed-run", namespace="training")
+    assert list(rendered.one("PyTorchJob")["spec"]["pytorchReplicaSpecs"]) == ["Master", "Worker"]
+    lines: list[str] = []
+    outcome = run(
+        rendered.objects, tmp_path / "pods", timeout=200, stream=lines.append, host_env=process_env()
+    )
+    assert outcome.status == "Succeeded", {k: v.read_text()[-2000:] for k, v in outcome.logs.items()}
+    assert list(outcome.exit_codes) == ["fixed-run-ddp-trainer-master-0", "fixed-run-ddp-trainer-worker-0"]
+    assert any("world size 2 (2 nodes x 1 process)" in line for line in lines)
