@@ -3,15 +3,15 @@ helm-python-sdk runs Helm's own engine in-process (schema check, templates, NOTE
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from operator_scripts import generated
 
 CHART_DIR = Path(__file__).resolve().parents[1] / "helm"
 
@@ -70,7 +70,7 @@ def render(
 
 # ----- plain manifests in k8s/ and the chart's parameters table ----------------------------
 
-ROOT = CHART_DIR.parent
+ROOT = generated.ROOT
 K8S_BASE = ROOT / "k8s" / "base"
 K8S_REFERENCE = ROOT / "k8s" / "reference-values.yaml"
 K8S_RELEASE, K8S_NAMESPACE = "ddp-run", "training"
@@ -99,11 +99,11 @@ def k8s_base_files() -> dict[Path, str]:
     return files
 
 
-def parameters_table() -> str:
-    """Markdown table of every `# --` documented key in values.yaml with its default."""
-    rows, stack, comment = [], [], []
-    lines = (CHART_DIR / "values.yaml").read_text().splitlines()
-    for line in lines:
+def documented_keys(text: str) -> dict[str, tuple[str, str]]:
+    """Dotted key -> (description, default) for each key of a values file preceded by a
+    `# --` comment (the helm-docs convention); continuation comment lines join on."""
+    found, stack, comment = {}, [], []
+    for line in text.splitlines():
         stripped = line.strip()
         if stripped.startswith("# --"):
             comment = [stripped[4:].strip()]
@@ -117,9 +117,17 @@ def parameters_table() -> str:
         indent = len(match[1])
         stack = [(i, k) for i, k in stack if i < indent] + [(indent, match[2])]
         if comment:
-            default = match[3] or "see values.yaml"
-            rows.append(f"| `{'.'.join(k for _, k in stack)}` | {' '.join(comment)} | `{default}` |")
+            found[".".join(k for _, k in stack)] = (" ".join(comment), match[3] or "see values.yaml")
         comment = []
+    return found
+
+
+def parameters_table() -> str:
+    """Markdown table of every documented key in values.yaml with its default."""
+    rows = [
+        f"| `{key}` | {description} | `{default}` |"
+        for key, (description, default) in documented_keys((CHART_DIR / "values.yaml").read_text()).items()
+    ]
     return "\n".join(["| key | description | default |", "| --- | --- | --- |", *rows])
 
 
@@ -131,28 +139,13 @@ def docs_files() -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description="Regenerate or check k8s/base and the chart's parameters table."
+    return generated.main(
+        argv,
+        lambda: {**k8s_base_files(), **docs_files()},
+        module="operator_scripts.chart",
+        description="Regenerate or check k8s/base and the chart's parameters table.",
+        owned=lambda: sorted(K8S_BASE.glob("*.yaml")),
     )
-    parser.add_argument("action", choices=["write", "check"])
-    args = parser.parse_args(argv)
-    wanted = {**k8s_base_files(), **docs_files()}
-    stale = [path for path, text in wanted.items() if not path.is_file() or path.read_text() != text]
-    if args.action == "check":
-        for path in stale:
-            print(
-                f"stale: {path.relative_to(ROOT)}; run python -m operator_scripts.chart write",
-                file=sys.stderr,
-            )
-        return 1 if stale else 0
-    for path in sorted(K8S_BASE.glob("*.yaml")):
-        if path not in wanted:
-            path.unlink()
-    for path, text in wanted.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    print(f"wrote {len(wanted)} files")
-    return 0
 
 
 if __name__ == "__main__":

@@ -10,15 +10,15 @@ dashboard has a datasource variable and a job selector.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from operator_scripts import generated
+
+ROOT = generated.ROOT
 DASHBOARD_FILE = ROOT / "helm" / "files" / "dashboards" / "ddp-training.json"
 RULES_FILE = ROOT / "helm" / "files" / "alerts" / "ddp-training.rules.yaml"
 JOB = 'job=~"$job"'
@@ -329,24 +329,7 @@ def rendered() -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("action", choices=["write", "check"])
-    args = parser.parse_args(argv)
-    stale = [path for path, text in rendered().items() if not path.is_file() or path.read_text() != text]
-    if args.action == "check":
-        for path in stale:
-            print(
-                f"stale: {path.relative_to(ROOT)}; run python -m operator_scripts.monitoring write",
-                file=sys.stderr,
-            )
-        return 1 if stale else 0
-    for path, text in rendered().items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        print(f"wrote {path.relative_to(ROOT)}")
-    return 0
+    return generated.main(argv, rendered, module="operator_scripts.monitoring", description=__doc__)
 
 
 if __name__ == "__main__":

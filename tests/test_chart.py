@@ -15,7 +15,7 @@ import yaml
 from helm_python import HelmError, lint
 from k8s_rules import CRD_FILE, pytorchjob_schema, webhook_problems
 
-from operator_scripts.chart import CHART_DIR, merge_values, render
+from operator_scripts.chart import CHART_DIR, documented_keys, merge_values, render
 from trainer.config import from_tree
 
 SCENARIOS = sorted((CHART_DIR / "ci").glob("*-values.yaml"))
@@ -318,25 +318,6 @@ def test_long_release_names_stay_within_kubernetes_limits():
         render(release="7th-run")
 
 
-def documented_paths(text: str) -> set[str]:
-    """Dotted paths of keys preceded by a `# --` comment (the helm-docs convention)."""
-    documented, stack, pending = set(), [], False
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("# --"):
-            pending = True
-            continue
-        match = re.match(r"^(\s*)([A-Za-z][\w.-]*):", line)
-        if not match:
-            continue
-        indent = len(match[1])
-        stack = [(i, k) for i, k in stack if i < indent] + [(indent, match[2])]
-        if pending:
-            documented.add(".".join(key for _, key in stack))
-        pending = False
-    return documented
-
-
 def leaf_paths(tree: dict, prefix: str = "") -> list[str]:
     paths = []
     for key, value in tree.items():
@@ -347,7 +328,7 @@ def leaf_paths(tree: dict, prefix: str = "") -> list[str]:
 
 def test_values_file_documents_every_key():
     text = (CHART_DIR / "values.yaml").read_text()
-    documented = documented_paths(text)
+    documented = set(documented_keys(text))
     for path in leaf_paths(yaml.safe_load(text)):
         parts = path.split(".")
         ancestors = {".".join(parts[:n]) for n in range(1, len(parts) + 1)}
