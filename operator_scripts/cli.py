@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     _chart_arguments(local)
     local.add_argument("--workdir", type=Path, help="folder for the pods' files (default: a temporary one)")
     local.add_argument("--timeout", type=float, default=3600, help="seconds before the job counts as failed")
+    # listed for --help; its own options are parsed by operator_scripts.estimate
+    commands.add_parser(
+        "estimate", help="predict speedup at N devices (ring all-reduce model)", add_help=False
+    )
     return parser
 
 
@@ -76,6 +80,11 @@ def _local(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["estimate"]:
+        from operator_scripts.estimate import main as estimate
+
+        return estimate(argv[1:])
     args = build_parser().parse_args(argv)
     from helm_python import HelmError
 

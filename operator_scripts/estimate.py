@@ -1,0 +1,117 @@
+"""Predict data-parallel speedup from a single-device step time and the gradient size.
+
+Each rank keeps its own batch (weak scaling), so N ranks finish N times the samples of one
+step in `step(N)`: speedup = N * step(1) / step(N). The gradient all-reduce is a ring:
+every rank sends and receives 2(N-1)/N of the gradient bytes, in 2(N-1) latency-bound
+hops. With overlap, DDP's buckets start reducing while backward (about 2/3 of the step)
+still runs, hiding communication up to that long.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+BACKWARD_SHARE = 2 / 3  # backward costs about twice the forward
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """Per-rank all-reduce bandwidth (bytes/s) and per-hop latency (s)."""
+
+    name: str
+    bandwidth: float
+    latency: float
+
+
+PRESETS = {
+    preset.name: preset
+    for preset in (
+        Interconnect("nvlink4", 450e9, 5e-6),  # H100/H200 SXM, NVLink 4 via NVSwitch, per direction
+        Interconnect("pcie4", 25e9, 10e-6),  # PCIe 4.0 x16
+        Interconnect("ib-ndr400", 50e9, 5e-6),  # 400 Gb/s InfiniBand per GPU
+        Interconnect("eth-100g", 12.5e9, 20e-6),  # 100 GbE
+        Interconnect("eth-25g", 3.1e9, 30e-6),  # 25 GbE
+    )
+}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One device count's predicted step, with its communication and what overlap hides."""
+
+    devices: int
+    single_step: float
+    comm_seconds: float
+    hidden_seconds: float
+
+    @property
+    def step_seconds(self) -> float:
+        return self.single_step + self.comm_seconds - self.hidden_seconds
+
+    @property
+    def speedup(self) -> float:
+        return self.devices * self.single_step / self.step_seconds
+
+    @property
+    def efficiency(self) -> float:
+        return self.speedup / self.devices
+
+
+def ring_allreduce_seconds(gradient_bytes: float, devices: int, link: Interconnect) -> float:
+    """Time of one ring all-reduce of `gradient_bytes` over `devices` ranks."""
+    if devices <= 1:
+        return 0.0
+    hops = 2 * (devices - 1)
+    return hops / devices * gradient_bytes / link.bandwidth + hops * link.latency
+
+
+def predict(
+    step_seconds: float, gradient_bytes: float, devices: int, link: Interconnect, *, overlap: bool
+) -> Prediction:
+    """Step time and speedup at `devices` ranks from the measured single-device step."""
+    comm = ring_allreduce_seconds(gradient_bytes, devices, link)
+    hidden = min(comm, BACKWARD_SHARE * step_seconds) if overlap else 0.0
+    return Prediction(devices, step_seconds, comm, hidden)
+
+
+def table(step_seconds: float, gradient_bytes: float, devices: list[int], link: Interconnect) -> str:
+    lines = [
+        f"{link.name}: {link.bandwidth / 1e9:g} GB/s, {link.latency * 1e6:g} us per hop; "
+        f"step {1000 * step_seconds:.1f} ms on one device, {gradient_bytes / 1e6:.1f} MB of gradients",
+        "devices  all-reduce ms  speedup (no overlap)  speedup (overlap)  efficiency (overlap)",
+    ]
+    for n in devices:
+        plain, hidden = (predict(step_seconds, gradient_bytes, n, link, overlap=o) for o in (False, True))
+        lines.append(
+            f"{n:>7}  {1000 * plain.comm_seconds:>13.2f}  {plain.speedup:>20.2f}  {hidden.speedup:>17.2f}"
+            f"  {100 * hidden.efficiency:>19.1f}%"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--step-ms", type=float, required=True, help="measured single-device step time (ms)")
+    parser.add_argument(
+        "--grad-mb", type=float, required=True, help="gradient size in MB (4 x fp32 parameters)"
+    )
+    parser.add_argument("--devices", type=int, nargs="+", default=[2, 8, 16, 64], help="device counts")
+    parser.add_argument("--interconnect", choices=sorted(PRESETS), default="nvlink4", help="link preset")
+    parser.add_argument("--bandwidth-gbs", type=float, help="override the preset's bandwidth (GB/s)")
+    parser.add_argument("--latency-us", type=float, help="override the preset's per-hop latency (us)")
+    args = parser.parse_args(argv)
+    preset = PRESETS[args.interconnect]
+    link = Interconnect(
+        preset.name,
+        preset.bandwidth if args.bandwidth_gbs is None else args.bandwidth_gbs * 1e9,
+        preset.latency if args.latency_us is None else args.latency_us * 1e-6,
+    )
+    print(table(args.step_ms / 1000, args.grad_mb * 1e6, args.devices, link))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

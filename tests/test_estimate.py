@@ -1,0 +1,42 @@
+"""The ring all-reduce model behind `estimate`."""
+
+import math
+
+import pytest
+
+from operator_scripts.estimate import PRESETS, Interconnect, main, predict, ring_allreduce_seconds
+
+LINK = Interconnect("test", bandwidth=10e9, latency=10e-6)
+
+
+def test_ring_allreduce_moves_2_n_minus_1_over_n_of_the_bytes():
+    assert ring_allreduce_seconds(1e9, 1, LINK) == 0
+    assert math.isclose(ring_allreduce_seconds(1e9, 2, LINK), 1e9 / 10e9 + 2 * 10e-6)
+    assert math.isclose(ring_allreduce_seconds(1e9, 8, LINK), 14 / 8 * 0.1 + 14 * 10e-6)
+
+
+def test_speedup_without_and_with_overlap():
+    plain = predict(0.1, 1e9, 2, LINK, overlap=False)
+    assert math.isclose(plain.step_seconds, 0.1 + 0.10002)
+    assert math.isclose(plain.speedup, 2 * 0.1 / 0.20002)
+    hidden = predict(0.1, 1e9, 2, LINK, overlap=True)  # backward (2/3 of 0.1 s) hides most of it
+    assert math.isclose(hidden.step_seconds, 0.1 + 0.10002 - 0.1 * 2 / 3)
+    small = predict(0.1, 1e6, 8, LINK, overlap=True)
+    assert small.speedup == pytest.approx(8) and small.efficiency == pytest.approx(1)
+
+
+def test_cli_prints_a_row_per_device_count(capsys):
+    assert (
+        main(["--step-ms", "50", "--grad-mb", "100", "--devices", "2", "16", "--interconnect", "eth-25g"])
+        == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("eth-25g: 3.1 GB/s") and len(lines) == 4
+    assert set(PRESETS) >= {"nvlink4", "pcie4", "ib-ndr400", "eth-100g"}
+
+
+def test_ddp_ops_estimate(capsys):
+    from operator_scripts.cli import main as ddp_ops
+
+    assert ddp_ops(["estimate", "--step-ms", "20", "--grad-mb", "10", "--devices", "4"]) == 0
+    assert "nvlink4" in capsys.readouterr().out
