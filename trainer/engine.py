@@ -7,6 +7,8 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -41,17 +43,33 @@ class Progress:
 
 
 class Window:
-    """Timing since the last progress line: steps, wall time and time spent waiting for data."""
+    """Timing since the last progress line: steps, training time and time spent waiting for
+    data. It runs across epoch boundaries, so every line covers the same number of steps."""
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
         self.started = time.perf_counter()
+        self.excluded = 0.0
         self.steps = 0
         self.data_wait = 0.0
         self.busy = 0.0
         self.loss_sum: torch.Tensor | None = None
+
+    @property
+    def training_seconds(self) -> float:
+        """Wall time since the last line, less validation and checkpoint snapshots."""
+        return time.perf_counter() - self.started - self.excluded
+
+    @contextmanager
+    def excluding(self) -> Iterator[None]:
+        """Time spent in the block does not count as training time."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - started
 
     def add(self, loss: torch.Tensor, data_wait: float, compute: float) -> None:
         self.steps += 1
@@ -227,17 +245,17 @@ class Trainer:
             unit="step",
             dynamic_ncols=True,
         )
+        window = Window()
         with bar, logging_redirect_tqdm(loggers=[self.log]):
             while not self._finished():
-                self._train_epoch(bar)
+                self._train_epoch(bar, window)
 
-    def _train_epoch(self, bar: tqdm) -> None:
+    def _train_epoch(self, bar: tqdm, window: Window) -> None:
         progress, train = self.progress, self.config.train
         self.sampler.set_epoch(progress.epoch)
         self.sampler.resume_at(progress.epoch_position)
         batches = iter(self.loader)
         samples_per_step = self.math.global_batch
-        window = Window()
         samples_per_rank = train.batch_size * train.grad_accum_steps
         tokens_per_rank = samples_per_rank * self.splits.spec.tokens_per_sample
         while True:
@@ -273,11 +291,13 @@ class Trainer:
                 self._log_progress(window)
             epoch_done = progress.epoch_position + samples_per_step > self.sampler.total_size
             if epoch_done:
-                self._end_epoch()
+                with window.excluding():
+                    self._end_epoch()
             finished = self._finished()
             every = self.config.checkpoint.every_steps
             if finished or (every and progress.step % every == 0):
-                self._save()
+                with window.excluding():
+                    self._save()
             if epoch_done or finished:
                 return
 
@@ -303,7 +323,7 @@ class Trainer:
             self.metrics.progress({"epoch": self.progress.epoch + 1})
             window.reset()
             return
-        elapsed = time.perf_counter() - window.started
+        elapsed = window.training_seconds
         progress = self.progress
         mean_loss = table[:, 0].sum().item() / self.context.world_size / window.steps
         rate = window.steps * self.math.global_batch / elapsed
