@@ -26,7 +26,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default=None)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--log-every", type=int, default=20)
     args = parser.parse_args()
     config = load_config(args.config, args.overrides)
     dist.init_process_group("gloo")

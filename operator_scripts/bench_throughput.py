@@ -38,7 +38,7 @@ def _torchrun(nproc: int, args: list[str], cwd: str) -> str:
 
 def ours(nproc: int, overrides: list[str]) -> float:
     with tempfile.TemporaryDirectory() as workdir:
-        sets = [arg for o in [*overrides, f"checkpoint.uri={workdir}/c,log.format=json,log.every_steps=10"]
+        sets = [arg for o in [*overrides, f"checkpoint.uri={workdir}/c,log.format=json,log.every_steps=20"]
                 for arg in ("--set", o)]  # fmt: skip
         out = _torchrun(nproc, ["-m", "trainer", *sets], workdir)
     rates = [r["samples_per_second"] for r in map(json.loads, out.splitlines()) if r["event"] == "progress"]
