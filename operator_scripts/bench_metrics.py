@@ -10,13 +10,10 @@ the first two), and prints the medians and their ratio (target >= 0.99).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import socket
 import statistics
-import subprocess
-import sys
-import tempfile
+
+from operator_scripts.benchrun import run_trainer
 
 
 def free_port() -> int:
@@ -27,19 +24,7 @@ def free_port() -> int:
 
 def steady_rate(config: str, nproc: int, overrides: list[str]) -> float:
     """One run's median global samples/s, warm-up excluded."""
-    with tempfile.TemporaryDirectory() as workdir:
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "trainer", "--config", config,
-            "--set", f"checkpoint.uri={workdir}/ckpt,log.format=json,log.every_steps=10",
-            *[arg for override in overrides for arg in ("--set", override)],
-        ]  # fmt: skip
-        completed = subprocess.run(command, capture_output=True, text=True, cwd=workdir, check=False)
-    if completed.returncode:
-        raise RuntimeError(completed.stderr[-2000:])
-    records = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
-    rates = [record["samples_per_second"] for record in records if record["event"] == "progress"][2:]
-    return statistics.median(rates)
+    return run_trainer(nproc, overrides, config=config, log_every=10).samples_per_second
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +42,6 @@ def main(argv: list[str] | None = None) -> int:
         help="extra overrides for both settings (default train.epochs=30)",
     )
     args = parser.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     off, on = [], []
     for _ in range(args.repeats):
         off.append(steady_rate(args.config, args.nproc, [*args.overrides, "metrics.port=0"]))

@@ -16,10 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 
+from operator_scripts.benchrun import run_trainer, torchrun
 from operator_scripts.estimate import Interconnect, predict
 
 WORKLOADS = {
@@ -34,45 +33,12 @@ WORKLOADS = {
 }
 
 
-def torchrun(nproc: int, module_args: list[str], cwd: str) -> str:
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        *module_args,
-    ]
-    completed = subprocess.run(
-        command, capture_output=True, text=True, cwd=cwd, env={**_env(), "OMP_NUM_THREADS": "1"}
-    )
-    if completed.returncode:
-        raise RuntimeError(completed.stderr[-2000:])
-    return completed.stdout
-
-
-def _env() -> dict[str, str]:
-    import os
-
-    return dict(os.environ)
-
-
-def run_trainer(nproc: int, overrides: list[str]) -> tuple[float, int, int]:
-    """(steady samples/s, parameters, per-rank batch) of one run."""
-    with tempfile.TemporaryDirectory() as workdir:
-        sets = [arg for override in overrides for arg in ("--set", override)]
-        fixed = f"checkpoint.uri={workdir}/c,log.format=json,log.every_steps=10,metrics.port=0"
-        out = torchrun(nproc, ["-m", "trainer", *sets, "--set", fixed], workdir)
-    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    start = next(r for r in records if r["event"] == "start")
-    rates = [r["samples_per_second"] for r in records if r["event"] == "progress"][2:]
-    return statistics.median(rates), start["parameters"], start["global_batch"] // nproc
-
-
 def measure_link() -> Interconnect:
     with tempfile.TemporaryDirectory() as workdir:
         result = json.loads(
-            torchrun(2, ["-m", "operator_scripts.measure_allreduce"], workdir).strip().splitlines()[-1]
+            torchrun(2, ["-m", "operator_scripts.measure_allreduce"], workdir, omp_threads="1")
+            .strip()
+            .splitlines()[-1]
         )
     return Interconnect("gloo loopback", result["bandwidth_bytes_s"], result["latency_s"])
 
@@ -88,9 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, overrides in WORKLOADS.items():
         single, double = [], []
         for _ in range(args.repeats):
-            rate, params, batch = run_trainer(1, overrides)
-            single.append(rate)
-            double.append(run_trainer(2, overrides)[0])
+            run = run_trainer(1, [*overrides, "metrics.port=0"], log_every=10, omp_threads="1")
+            params, batch = run.parameters, run.per_rank_batch
+            single.append(run.samples_per_second)
+            double.append(
+                run_trainer(
+                    2, [*overrides, "metrics.port=0"], log_every=10, omp_threads="1"
+                ).samples_per_second
+            )
         one, two = statistics.median(single), statistics.median(double)
         measured = two / one
         step = batch / one

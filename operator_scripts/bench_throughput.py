@@ -11,44 +11,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
+
+from operator_scripts.benchrun import run_trainer, torchrun
 
 DEFAULTS = ["train.epochs=30", "train.clip_grad_norm=0", "optim.lr_scaling=none", "metrics.port=0"]
 
 
-def _torchrun(nproc: int, args: list[str], cwd: str) -> str:
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        *args,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    completed = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env)
-    if completed.returncode:
-        raise RuntimeError(completed.stderr[-2000:])
-    return completed.stdout
-
-
 def ours(nproc: int, overrides: list[str]) -> float:
-    with tempfile.TemporaryDirectory() as workdir:
-        sets = [arg for o in [*overrides, f"checkpoint.uri={workdir}/c,log.format=json,log.every_steps=20"]
-                for arg in ("--set", o)]  # fmt: skip
-        out = _torchrun(nproc, ["-m", "trainer", *sets], workdir)
-    rates = [r["samples_per_second"] for r in map(json.loads, out.splitlines()) if r["event"] == "progress"]
-    return statistics.median(rates[2:])
+    return run_trainer(nproc, overrides, log_every=20).samples_per_second
 
 
 def bare(nproc: int, overrides: list[str]) -> float:
     with tempfile.TemporaryDirectory() as workdir:
         sets = [arg for o in overrides for arg in ("--set", o)]
-        out = _torchrun(nproc, ["-m", "operator_scripts.bare_ddp", *sets], workdir)
+        out = torchrun(nproc, ["-m", "operator_scripts.bare_ddp", *sets], workdir)
     return json.loads(out.strip().splitlines()[-1])["samples_per_second"]
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from operator_scripts import generated
+from trainer.overrides import deep_merge
 
 CHART_DIR = Path(__file__).resolve().parents[1] / "helm"
 
@@ -38,20 +39,9 @@ def merge_values(files: Sequence[Path] = (), sets: Sequence[str] = ()) -> dict[s
 
     merged: dict[str, Any] = {}
     for path in files:
-        merged = _deep_merge(merged, yaml.safe_load(Path(path).read_text()) or {})
+        merged = deep_merge(merged, yaml.safe_load(Path(path).read_text()) or {})
     for expression in sets:
-        merged = _deep_merge(merged, parse_set_string(expression))
-    return merged
-
-
-def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in update.items():
-        merged[key] = (
-            _deep_merge(merged[key], value)
-            if isinstance(value, dict) and isinstance(merged.get(key), dict)
-            else value
-        )
+        merged = deep_merge(merged, parse_set_string(expression))
     return merged
 
 
