@@ -1,35 +1,41 @@
 """Under torchrun: the plainest DDP loop (the floor for framework overhead), on the same
-data and model the trainer builds, printing its steady-state global samples/s as JSON.
+data and model the trainer builds, validating after every epoch and printing rank 0's loss
+every `--log-every` steps as the lesson's loop does, then its steady-state global
+samples/s as JSON.
 
     torchrun --nproc_per_node=2 -m operator_scripts.bare_ddp [--set key=value ...]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import time
-
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from trainer.config import load_config
+from operator_scripts.baseline import RateMeter, parse_baseline_args
+from trainer.config import Config
 from trainer.data import build_data
+from trainer.distributed import process_group, read_env
 from trainer.models import build_model
+from trainer.objective import training_loss
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", default=None)
-    parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--log-every", type=int, default=20)
-    args = parser.parse_args()
-    config = load_config(args.config, args.overrides)
-    dist.init_process_group("gloo")
+@torch.no_grad()
+def validate(model: torch.nn.Module, loader: DataLoader) -> float:
+    """Mean validation loss over every rank's shard (padding included: it is a baseline)."""
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64)
+    for inputs, targets in loader:
+        loss = training_loss(model(inputs), targets)
+        total += torch.tensor([loss.item() * targets.numel(), targets.numel()])
+    model.train()
+    dist.all_reduce(total)
+    return (total[0] / total[1]).item()
+
+
+def train(config: Config, log_every: int) -> str:
+    """The loop itself; returns the rate report."""
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(config.seed)
     splits = build_data(config.data, config.seed)
@@ -39,28 +45,39 @@ def main() -> None:
         splits.train, num_replicas=world, rank=rank, seed=config.seed, drop_last=True
     )
     loader = DataLoader(splits.train, batch_size=config.train.batch_size, sampler=sampler, drop_last=True)
-    rates, step, window_start = [], 0, time.perf_counter()
+    val_loader = DataLoader(
+        splits.val,
+        batch_size=config.train.eval_batch_size,
+        sampler=DistributedSampler(splits.val, num_replicas=world, rank=rank, shuffle=False),
+    )
+    meter = RateMeter(log_every, config.train.batch_size * world)
     for epoch in range(config.train.epochs):
         sampler.set_epoch(epoch)
         for inputs, targets in loader:
-            logits = model(inputs)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            loss = training_loss(model(inputs), targets)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            step += 1
-            if step % args.log_every == 0:
-                now = time.perf_counter()
-                rates.append(args.log_every * config.train.batch_size * world / (now - window_start))
-                window_start = now
-            if config.train.max_steps and step >= config.train.max_steps:
+            meter.step()
+            if rank == 0 and meter.steps % log_every == 0:
+                print(f"epoch {epoch} step {meter.steps} loss {loss.item():.4f}", flush=True)
+            if meter.steps == config.train.max_steps:
                 break
-        if config.train.max_steps and step >= config.train.max_steps:
+        with meter.paused():
+            validate(model, val_loader)
+        if meter.steps == config.train.max_steps:
             break
-    if rank == 0:
-        print(json.dumps({"samples_per_second": statistics.median(rates[2:] or rates), "steps": step}))
-    dist.barrier()
-    dist.destroy_process_group()
+    return meter.report()
+
+
+def main() -> None:
+    config, log_every = parse_baseline_args(__doc__)
+    # the trainer's own group setup and teardown: exits must not abort the measurement
+    context = read_env()
+    with process_group(context, torch.device("cpu")):
+        report = train(config, log_every)
+    if context.is_main:
+        print(report)
 
 
 if __name__ == "__main__":

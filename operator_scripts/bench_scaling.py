@@ -1,14 +1,22 @@
-"""1 vs 2 processes on CPU (one thread each): measured speedup next to `estimate`'s.
+"""1 vs 2 processes on CPU (one thread each), ours and the bare DDP loop, measured speedup
+next to `estimate`'s, and the plots.
 
-    python -m operator_scripts.bench_scaling [--repeats 3]
+    python -m operator_scripts.bench_scaling [--repeats 3] [--plots docs/performance] [--steps N]
 
-For a compute-bound model (a CNN on 28x28 images) and a communication-heavy one (a wide
-MLP with small batches): steady-state samples/s of our trainer at 1 and 2 processes,
-interleaved; the single-process step time and gradient size feed the ring model with this
-machine's measured gloo latency and bandwidth, and the predictions (with and without
-overlap of communication and backward) are printed beside the measurement. On a CPU the
-all-reduce competes with the backward pass for the same cores, so no-overlap is the
-relevant column there.
+Two workloads: a compute-bound CNN on 28x28 images and a communication-heavy wide MLP with
+small batches. For each, steady-state samples/s of our trainer and of the bare loop at 1
+and 2 processes, interleaved; speedup = rate(2) / rate(1), efficiency = speedup / 2.
+
+The ring model's inputs are measured here, as one would measure them on a cluster: gloo's
+per-hop latency, the time to all-reduce this model's gradients in DDP's buckets (giving the
+link's effective bandwidth at that size), and the step time of one device. Two CPU cores
+are not two independent devices as two GPUs are: they share caches and memory bandwidth.
+So "one device" is measured as a world of one running beside a second, identical world of
+one (two jobs at once); the isolated single-process step's prediction is printed too. On a
+CPU the all-reduce needs the same cores as backward, so no overlap is the relevant column.
+
+Two plots are written: throughput against processes with the ideal line, and our step
+time split into data, compute, communication and checkpoint.
 """
 
 from __future__ import annotations
@@ -17,9 +25,13 @@ import argparse
 import json
 import statistics
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from operator_scripts.benchrun import run_trainer, torchrun
-from operator_scripts.estimate import Interconnect, predict
+from operator_scripts.bench_plots import plot_scaling, plot_step_split
+from operator_scripts.benchrun import SPLIT_FIELDS, run_baseline, run_trainer, torchrun
+from operator_scripts.estimate import Interconnect, ddp_bucket_bytes, ddp_buckets, predict
 
 WORKLOADS = {
     "compute-bound cnn": [
@@ -31,16 +43,111 @@ WORKLOADS = {
         "train.epochs=20,train.max_steps=200"
     ],
 }
+COMMON = ["metrics.port=0", "train.clip_grad_norm=0"]
+LOG_EVERY = 10
+PROCESSES = (1, 2)
 
 
-def measure_link() -> Interconnect:
+@dataclass
+class Scaling:
+    """One workload's measurements at each process count."""
+
+    name: str
+    parameters: int = 0
+    per_rank_batch: int = 0
+    ours: dict[int, list[float]] = field(default_factory=dict)
+    bare: dict[int, list[float]] = field(default_factory=dict)
+    beside_neighbour: list[float] = field(default_factory=list)
+    split_ms: dict[int, list[dict[str, float]]] = field(default_factory=dict)
+
+    def rate(self, runner: str, nproc: int) -> float:
+        return statistics.median(getattr(self, runner)[nproc])
+
+    def speedup(self, runner: str) -> float:
+        return self.rate(runner, 2) / self.rate(runner, 1)
+
+    def split(self, nproc: int) -> dict[str, float]:
+        """Median of each part over the repeats."""
+        return {name: statistics.median(run[name] for run in self.split_ms[nproc]) for name in SPLIT_FIELDS}
+
+
+@dataclass(frozen=True)
+class Link:
+    """gloo on this machine: per-hop latency, the 64 MiB bandwidth, and one step's
+    all-reduce time for a given gradient size (in DDP's buckets)."""
+
+    latency: float
+    bandwidth: float
+    step_seconds: float
+    gradient_bytes: float
+
+    def effective(self, devices: int = 2) -> Interconnect:
+        """The bandwidth that makes the ring model's time equal the measured step's."""
+        hops = 2 * (devices - 1)
+        latency = hops * self.latency * ddp_buckets(self.gradient_bytes)
+        moved = hops / devices * self.gradient_bytes
+        return Interconnect("gloo loopback", moved / max(self.step_seconds - latency, 1e-9), self.latency)
+
+
+def measure_link(gradient_bytes: float) -> Link:
+    sizes = [str(int(size)) for size in ddp_bucket_bytes(gradient_bytes)]
     with tempfile.TemporaryDirectory() as workdir:
-        result = json.loads(
-            torchrun(2, ["-m", "operator_scripts.measure_allreduce"], workdir, omp_threads="1")
-            .strip()
-            .splitlines()[-1]
+        out = torchrun(2, ["-m", "operator_scripts.measure_allreduce", "--bytes", *sizes], workdir)
+    result = json.loads(out.strip().splitlines()[-1])
+    return Link(result["latency_s"], result["bandwidth_bytes_s"], result["step_s"], gradient_bytes)
+
+
+def measure(name: str, overrides: list[str], repeats: int) -> Scaling:
+    scaling = Scaling(name)
+    settings = [*COMMON, *overrides]
+    for _ in range(repeats):
+        for nproc in PROCESSES:
+            run = run_trainer(nproc, settings, log_every=LOG_EVERY)
+            scaling.parameters, scaling.per_rank_batch = run.parameters, run.per_rank_batch
+            scaling.ours.setdefault(nproc, []).append(run.samples_per_second)
+            scaling.split_ms.setdefault(nproc, []).append(run.split_ms)
+            scaling.bare.setdefault(nproc, []).append(
+                run_baseline("bare_ddp", nproc, settings, log_every=LOG_EVERY)
+            )
+        with ThreadPoolExecutor(2) as pool:  # two worlds of one at once
+            pair = list(pool.map(lambda _: run_trainer(1, settings, log_every=LOG_EVERY), range(2)))
+        scaling.beside_neighbour.append(statistics.mean(run.samples_per_second for run in pair))
+    return scaling
+
+
+def describe(scaling: Scaling, link: Link) -> list[str]:
+    gradient_bytes = 4 * scaling.parameters
+    effective = link.effective()
+    lines = [
+        f"{scaling.name}: {scaling.parameters:,} parameters "
+        f"({gradient_bytes / 1e6:.1f} MB of fp32 gradients), batch {scaling.per_rank_batch} per process",
+        "  runner   1 process    2 processes  speedup  efficiency",
+    ]
+    for runner in ("ours", "bare"):
+        one, two, speedup = scaling.rate(runner, 1), scaling.rate(runner, 2), scaling.speedup(runner)
+        lines.append(f"  {runner:6s} {one:>9,.0f}/s  {two:>11,.0f}/s  {speedup:>7.2f}  {50 * speedup:>9.0f}%")
+    batch, measured = scaling.per_rank_batch, scaling.speedup("ours")
+    alone = batch / scaling.rate("ours", 1)
+    beside = batch / statistics.median(scaling.beside_neighbour)
+    lines.append(
+        f"  model inputs: one device's step {1000 * alone:.2f} ms alone, {1000 * beside:.2f} ms beside "
+        f"a busy neighbour; all-reduce {1000 * link.step_seconds:.2f} ms in "
+        f"{ddp_buckets(gradient_bytes)} buckets ({effective.bandwidth / 1e9:.2f} GB/s effective, "
+        f"{1e6 * link.latency:.0f} us per hop)"
+    )
+    for overlap in (False, True):
+        # the speedup is over the isolated single process, as measured; the step comes from beside
+        predicted = predict(beside, gradient_bytes, 2, effective, overlap=overlap)
+        speedup = 2 * alone / predicted.step_seconds
+        naive = predict(alone, gradient_bytes, 2, effective, overlap=overlap).speedup
+        lines.append(
+            f"  predicted {'with' if overlap else 'without'} overlap: {speedup:.2f} "
+            f"({100 * (speedup - measured) / measured:+.1f}% vs ours; from the step alone: {naive:.2f})"
         )
-    return Interconnect("gloo loopback", result["bandwidth_bytes_s"], result["latency_s"])
+    for nproc in PROCESSES:
+        parts = ", ".join(f"{name.removesuffix('_ms')} {ms:.2f}" for name, ms in scaling.split(nproc).items())
+        lines.append(f"  ours, ms per step at {nproc} process{'es' if nproc > 1 else ''}: {parts}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,28 +155,26 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs per setting (default 3)")
+    parser.add_argument("--plots", type=Path, default=Path("docs/performance"), help="folder for the PNGs")
+    parser.add_argument("--steps", type=int, help="optimizer steps per run (default: the workload's own)")
     args = parser.parse_args(argv)
-    link = measure_link()
-    print(f"{link.name}: {link.bandwidth / 1e9:.2f} GB/s, {link.latency * 1e6:.0f} us per hop (measured)")
+    results = []
+    steps = [f"train.max_steps={args.steps}"] if args.steps else []
     for name, overrides in WORKLOADS.items():
-        single, double = [], []
-        for _ in range(args.repeats):
-            run = run_trainer(1, [*overrides, "metrics.port=0"], log_every=10, omp_threads="1")
-            params, batch = run.parameters, run.per_rank_batch
-            single.append(run.samples_per_second)
-            double.append(
-                run_trainer(
-                    2, [*overrides, "metrics.port=0"], log_every=10, omp_threads="1"
-                ).samples_per_second
+        results.append(measure(name, [*overrides, *steps], args.repeats))
+        link = measure_link(4 * results[-1].parameters)
+        if len(results) == 1:
+            print(
+                f"gloo loopback: {link.bandwidth / 1e9:.2f} GB/s at 64 MiB, "
+                f"{link.latency * 1e6:.0f} us per hop (measured)"
             )
-        one, two = statistics.median(single), statistics.median(double)
-        measured = two / one
-        step = batch / one
-        plain, hidden = (predict(step, 4 * params, 2, link, overlap=o).speedup for o in (False, True))
-        print(f"{name}: {params:,} params; 1 proc {one:,.0f} samples/s, 2 procs {two:,.0f} samples/s")
-        print(f"  speedup measured {measured:.2f} (efficiency {50 * measured:.0f}%)")
-        print(f"  predicted without overlap {plain:.2f} ({100 * (plain - measured) / measured:+.1f}%), "
-              f"with overlap {hidden:.2f} ({100 * (hidden - measured) / measured:+.1f}%)")  # fmt: skip
+        print("\n".join(describe(results[-1], link)))
+    args.plots.mkdir(parents=True, exist_ok=True)
+    for path in (
+        plot_scaling(results, args.plots / "scaling.png"),
+        plot_step_split(results, args.plots / "step-split.png"),
+    ):
+        print(f"wrote {path}")
     return 0
 
 

@@ -11,10 +11,12 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+from operator_scripts.baseline import WARMUP_WINDOWS
 
-def torchrun(nproc: int, args: list[str], cwd: str, *, omp_threads: str | None = None) -> str:
-    """stdout of `torchrun --standalone --nproc_per_node=N ARGS`; OMP_NUM_THREADS defaults
-    to 1 (or is forced to `omp_threads`); a failed run raises with its stderr's tail."""
+
+def torchrun(nproc: int, args: list[str], cwd: str) -> str:
+    """stdout of `torchrun --standalone --nproc_per_node=N ARGS`, one thread per process
+    unless OMP_NUM_THREADS says otherwise; a failed run raises with its stderr's tail."""
     command = [
         sys.executable,
         "-m",
@@ -23,7 +25,7 @@ def torchrun(nproc: int, args: list[str], cwd: str, *, omp_threads: str | None =
         f"--nproc_per_node={nproc}",
         *args,
     ]
-    threads = omp_threads or os.environ.get("OMP_NUM_THREADS", "1")
+    threads = os.environ.get("OMP_NUM_THREADS", "1")
     completed = subprocess.run(
         command, capture_output=True, text=True, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": threads}
     )
@@ -32,12 +34,17 @@ def torchrun(nproc: int, args: list[str], cwd: str, *, omp_threads: str | None =
     return completed.stdout
 
 
+SPLIT_FIELDS = ("data_ms", "compute_ms", "communication_ms", "checkpoint_ms")
+
+
 @dataclass(frozen=True)
 class TrainerRun:
-    """One run's median global samples/s (the first two progress lines left out as
-    warm-up), model size and per-rank batch."""
+    """One run's median global samples/s and mean step split in ms (a mean, so that the
+    occasional checkpoint counts; the first progress lines left out as warm-up), model
+    size and per-rank batch."""
 
     samples_per_second: float
+    split_ms: dict[str, float]
     parameters: int
     per_rank_batch: int
 
@@ -48,7 +55,6 @@ def run_trainer(
     *,
     log_every: int,
     config: str | None = None,
-    omp_threads: str | None = None,
 ) -> TrainerRun:
     """`torchrun -m trainer [--config CONFIG]` with JSON logs and a throwaway checkpoint
     folder (those settings come last, so they win over `overrides`)."""
@@ -56,8 +62,22 @@ def run_trainer(
         fixed = f"checkpoint.uri={workdir}/ckpt,log.format=json,log.every_steps={log_every}"
         sets = [arg for override in [*overrides, fixed] for arg in ("--set", override)]
         chosen = ["--config", config] if config else []
-        out = torchrun(nproc, ["-m", "trainer", *chosen, *sets], workdir, omp_threads=omp_threads)
+        out = torchrun(nproc, ["-m", "trainer", *chosen, *sets], workdir)
     records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     start = next(record for record in records if record["event"] == "start")
-    rates = [record["samples_per_second"] for record in records if record["event"] == "progress"][2:]
-    return TrainerRun(statistics.median(rates), start["parameters"], start["global_batch"] // nproc)
+    steady = [record for record in records if record["event"] == "progress"][WARMUP_WINDOWS:]
+    return TrainerRun(
+        statistics.median(record["samples_per_second"] for record in steady),
+        {field: statistics.mean(record[field] for record in steady) for field in SPLIT_FIELDS},
+        start["parameters"],
+        start["global_batch"] // nproc,
+    )
+
+
+def run_baseline(module: str, nproc: int, overrides: list[str], *, log_every: int) -> float:
+    """samples/s of `torchrun -m operator_scripts.<module>` (bare_ddp or lightning_ddp)."""
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    args = ["-m", f"operator_scripts.{module}", *sets, "--log-every", str(log_every)]
+    with tempfile.TemporaryDirectory() as workdir:
+        out = torchrun(nproc, args, workdir)
+    return json.loads(out.strip().splitlines()[-1])["samples_per_second"]

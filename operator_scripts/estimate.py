@@ -3,13 +3,14 @@
 Each rank keeps its own batch (weak scaling), so N ranks finish N times the samples of one
 step in `step(N)`: speedup = N * step(1) / step(N). The gradient all-reduce is a ring:
 every rank sends and receives 2(N-1)/N of the gradient bytes, in 2(N-1) latency-bound
-hops. With overlap, DDP's buckets start reducing while backward (about 2/3 of the step)
-still runs, hiding communication up to that long.
+hops for each of DDP's buckets. With overlap, DDP's buckets start reducing while backward
+(about 2/3 of the step) still runs, hiding communication up to that long.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 BACKWARD_SHARE = 2 / 3  # backward costs about twice the forward
@@ -58,12 +59,29 @@ class Prediction:
         return self.speedup / self.devices
 
 
+def ddp_bucket_bytes(gradient_bytes: float, bucket_cap_mb: float = 25) -> list[float]:
+    """The all-reduces DDP issues per step: a 1 MiB first bucket, then `bucket_cap_mb` ones
+    (DDP never splits a parameter across buckets; this model does)."""
+    first = min(gradient_bytes, 2**20)
+    sizes, rest, cap = [first], gradient_bytes - first, bucket_cap_mb * 2**20
+    sizes += [cap] * math.floor(rest / cap)
+    if rest % cap:
+        sizes.append(rest % cap)
+    return sizes
+
+
+def ddp_buckets(gradient_bytes: float) -> int:
+    return len(ddp_bucket_bytes(gradient_bytes))
+
+
 def ring_allreduce_seconds(gradient_bytes: float, devices: int, link: Interconnect) -> float:
-    """Time of one ring all-reduce of `gradient_bytes` over `devices` ranks."""
+    """Time of one step's ring all-reduces of `gradient_bytes` over `devices` ranks, in
+    DDP's buckets (each pays the hops' latency)."""
     if devices <= 1:
         return 0.0
     hops = 2 * (devices - 1)
-    return hops / devices * gradient_bytes / link.bandwidth + hops * link.latency
+    latency = hops * link.latency * ddp_buckets(gradient_bytes)
+    return hops / devices * gradient_bytes / link.bandwidth + latency
 
 
 def predict(

@@ -1,8 +1,10 @@
-"""Under torchrun: time gloo all-reduces of a small and a large tensor on this machine and
-fit the ring model's per-hop latency and bandwidth; rank 0 prints them as JSON."""
+"""Under torchrun: time gloo all-reduces on this machine. Rank 0 prints JSON: the per-hop
+latency (from a 1 KiB all-reduce), the bandwidth of a 64 MiB one, and the time of each
+size given with `--bytes` (a step's DDP buckets, say), reduced one after another."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
@@ -13,27 +15,37 @@ import torch.distributed as dist
 SMALL, LARGE = 256, 16 * 2**20  # float32 elements: 1 KiB and 64 MiB
 
 
-def timed(elements: int, repeats: int) -> float:
-    tensor = torch.ones(elements)
-    dist.all_reduce(tensor)  # warm the connections
+def timed(tensors: list[torch.Tensor], repeats: int) -> float:
+    """Median seconds to all-reduce every tensor in turn, ranks starting together."""
+    for tensor in tensors:
+        dist.all_reduce(tensor)  # warm the connections
     samples = []
     for _ in range(repeats):
         dist.barrier()
         started = time.perf_counter()
-        dist.all_reduce(tensor)
+        for tensor in tensors:
+            dist.all_reduce(tensor)
         samples.append(time.perf_counter() - started)
     return statistics.median(samples)
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--bytes", type=int, nargs="*", default=[], help="sizes reduced as one step")
+    args = parser.parse_args()
     dist.init_process_group("gloo")
     world = dist.get_world_size()
-    small, large = timed(SMALL, 50), timed(LARGE, 5)
     hops = 2 * (world - 1)
-    latency = small / hops
+    latency = timed([torch.ones(SMALL)], 50) / hops
+    large = timed([torch.ones(LARGE)], 5)
     bandwidth = (hops / world) * LARGE * 4 / max(large - hops * latency, 1e-9)
+    step = timed([torch.ones(size // 4) for size in args.bytes], 20) if args.bytes else 0.0
     if dist.get_rank() == 0:
-        print(json.dumps({"world_size": world, "latency_s": latency, "bandwidth_bytes_s": bandwidth}))
+        print(
+            json.dumps(
+                {"world_size": world, "latency_s": latency, "bandwidth_bytes_s": bandwidth, "step_s": step}
+            )
+        )
     dist.barrier()
     dist.destroy_process_group()
 

@@ -1,10 +1,14 @@
 """The benchmark scripts run end to end in a reduced mode (their figures are not asserted)."""
 
+import json
 import re
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, process_env
+
+from operator_scripts.bench_gpu import GpuFigures
 
 
 def test_checkpoint_benchmark_prints_both_ratios():
@@ -34,11 +38,54 @@ def test_checkpoint_benchmark_prints_both_ratios():
         assert re.search(r": \d+\.\d{3} \(target", line), line
 
 
-def test_throughput_benchmark_compares_ours_with_the_bare_loop():
+def test_throughput_benchmark_compares_ours_with_the_bare_loop_and_lightning():
+    """Lightning is in the dev extra, so all three contenders run (one round each)."""
     completed = subprocess.run(
         [sys.executable, "-m", "operator_scripts.bench_throughput", "--nproc", "1", "--repeats", "1",
-         "--set", "train.epochs=3"],
+         "--set", "train.epochs=4"],
         cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-3000:]
-    assert re.search(r"ratio ours/bare: \d+\.\d{3} \(target >= 0\.98\)", completed.stdout), completed.stdout
+    out = completed.stdout
+    for name in ("ours", "bare DDP loop", "Lightning"):
+        assert re.search(rf"^  {name} +: +[\d,]+ samples/s \(median of 1", out, re.MULTILINE), out
+    assert re.search(r"ratio ours/bare: \d+\.\d{3} \(median of rounds, .*target >= 0\.98\)", out), out
+    assert re.search(r"ratio ours/lightning: \d+\.\d{3} \(.*target >= 1\.00\)", out), out
+
+
+@pytest.mark.slow
+def test_scaling_benchmark_prints_speedups_and_predictions_and_draws_both_plots(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-m", "operator_scripts.bench_scaling", "--repeats", "1", "--steps", "30",
+         "--plots", str(tmp_path)],
+        cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    out = completed.stdout
+    assert re.search(r"gloo loopback: \d+\.\d\d GB/s at 64 MiB, \d+ us per hop", out), out
+    for workload in ("compute-bound cnn", "communication-heavy mlp"):
+        assert f"{workload}: " in out
+    for runner in ("ours", "bare"):
+        assert len(re.findall(rf"^  {runner} .* \d+\.\d\d +\d+%$", out, re.MULTILINE)) == 2, out
+    assert len(re.findall(r"predicted without overlap: \d+\.\d\d \([+-]\d+\.\d% vs ours", out)) == 2
+    split = r"ms per step at 2 processes: data [\d.]+, compute [\d.]+, communication [\d.]+"
+    assert len(re.findall(split, out)) == 2
+    for name in ("scaling.png", "step-split.png"):
+        png = (tmp_path / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_gpu_benchmark_reduced_mode_reports_tokens_mfu_and_memory():
+    peak_tflops = 0.05
+    completed = subprocess.run(
+        [sys.executable, "-m", "operator_scripts.bench_gpu", "--reduced", "--steps", "30", "--json",
+         "--peak-tflops", str(peak_tflops)],
+        cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert result["device_name"] == "cpu" and result["world_size"] == 2 and result["global_batch"] == 16
+    assert result["tokens_per_second"] == pytest.approx(64 * result["samples_per_second"])
+    assert 0 < result["mfu"] < 1 and 50 < result["peak_memory_mb"] < 8192
+    lines = GpuFigures(**{k: v for k, v in result.items() if k != "tokens_per_second"}).lines()
+    assert lines[0] == "device: cpu x 2, bf16 autocast" and lines[3] == f"MFU: {result['mfu']:.1%}"

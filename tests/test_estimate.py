@@ -4,23 +4,33 @@ import math
 
 import pytest
 
-from operator_scripts.estimate import PRESETS, Interconnect, main, predict, ring_allreduce_seconds
+from operator_scripts.estimate import (
+    PRESETS,
+    Interconnect,
+    ddp_buckets,
+    main,
+    predict,
+    ring_allreduce_seconds,
+)
 
 LINK = Interconnect("test", bandwidth=10e9, latency=10e-6)
 
 
 def test_ring_allreduce_moves_2_n_minus_1_over_n_of_the_bytes():
     assert ring_allreduce_seconds(1e9, 1, LINK) == 0
-    assert math.isclose(ring_allreduce_seconds(1e9, 2, LINK), 1e9 / 10e9 + 2 * 10e-6)
-    assert math.isclose(ring_allreduce_seconds(1e9, 8, LINK), 14 / 8 * 0.1 + 14 * 10e-6)
+    buckets = 1 + math.ceil((1e9 - 2**20) / (25 * 2**20))  # DDP: 1 MiB first, then 25 MiB
+    assert ddp_buckets(1e9) == buckets == 40 and ddp_buckets(2**20) == 1 and ddp_buckets(2**20 + 1) == 2
+    assert math.isclose(ring_allreduce_seconds(1e9, 2, LINK), 1e9 / 10e9 + 2 * 10e-6 * buckets)
+    assert math.isclose(ring_allreduce_seconds(1e9, 8, LINK), 14 / 8 * 0.1 + 14 * 10e-6 * buckets)
 
 
 def test_speedup_without_and_with_overlap():
+    comm = 0.1 + 2 * 10e-6 * 40  # 1 GB at 10 GB/s, two hops' latency for each of 40 buckets
     plain = predict(0.1, 1e9, 2, LINK, overlap=False)
-    assert math.isclose(plain.step_seconds, 0.1 + 0.10002)
-    assert math.isclose(plain.speedup, 2 * 0.1 / 0.20002)
+    assert math.isclose(plain.step_seconds, 0.1 + comm)
+    assert math.isclose(plain.speedup, 2 * 0.1 / (0.1 + comm))
     hidden = predict(0.1, 1e9, 2, LINK, overlap=True)  # backward (2/3 of 0.1 s) hides most of it
-    assert math.isclose(hidden.step_seconds, 0.1 + 0.10002 - 0.1 * 2 / 3)
+    assert math.isclose(hidden.step_seconds, 0.1 + comm - 0.1 * 2 / 3)
     small = predict(0.1, 1e6, 8, LINK, overlap=True)
     assert small.speedup == pytest.approx(8) and small.efficiency == pytest.approx(1)
 

@@ -130,6 +130,33 @@ def test_json_log_lines(workdir):
     assert start["global_batch"] == 32 and documents[-1]["test_accuracy"] is not None
 
 
+def test_progress_lines_split_the_step_and_report_mfu_and_memory(workdir):
+    """Two ranks of the transformer with a stated peak: each progress line's parts are
+    non-negative and add up to the step (less loop bookkeeping), MFU is the declared FLOPs over the
+    peak, and the peak memory is the process's own."""
+    peak = 1e11
+    completed = subprocess.run(
+        torchrun_command(
+            ["--config", "tokens", "--set", f"train.max_steps=30,log.every_steps=10,log.format=json,"
+             f"train.amp=bf16,metrics.peak_flops_per_device={peak:g}"]
+        ),
+        cwd=workdir, env=process_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    documents = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
+    start = next(document for document in documents if document["event"] == "start")
+    assert start["amp"] == "bf16" and start["device_name"] == "cpu" and start["flops_per_sample"] > 0
+    lines = [document for document in documents if document["event"] == "progress"]
+    assert [line["step"] for line in lines] == [10, 20, 30]
+    for line in lines:
+        parts = [line[name] for name in ("data_ms", "compute_ms", "communication_ms")]
+        assert min(parts) >= 0 and line["checkpoint_ms"] >= 0
+        assert 0.5 * line["step_ms"] < sum(parts) < 1.05 * line["step_ms"]  # means over ranks
+        expected = start["flops_per_sample"] * line["samples_per_second"] / (peak * 2)
+        assert math.isclose(line["mfu"], expected, rel_tol=0.01, abs_tol=1e-4)
+        assert 50 < line["peak_memory_mb"] < 8192
+
+
 def test_exact_distributed_evaluation_equals_one_process(tmp_path):
     expected = {}
     for name, (dataset, model) in datasets_and_models().items():

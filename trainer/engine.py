@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import resource
 import sys
 import time
 from collections.abc import Iterator
@@ -43,8 +44,10 @@ class Progress:
 
 
 class Window:
-    """Timing since the last progress line: steps, training time and time spent waiting for
-    data. It runs across epoch boundaries, so every line covers the same number of steps."""
+    """Timing since the last progress line: steps, training time, and how this rank's steps
+    split into waiting for data, computing and waiting for gradients (communication left
+    exposed, peers' lateness included). It runs across epoch boundaries, so every line covers
+    the same number of steps; validation and checkpoint snapshots are timed apart."""
 
     def __init__(self) -> None:
         self.reset()
@@ -52,9 +55,11 @@ class Window:
     def reset(self) -> None:
         self.started = time.perf_counter()
         self.excluded = 0.0
+        self.checkpoint = 0.0
         self.steps = 0
         self.data_wait = 0.0
-        self.busy = 0.0
+        self.compute = 0.0
+        self.communication = 0.0
         self.loss_sum: torch.Tensor | None = None
 
     @property
@@ -63,19 +68,44 @@ class Window:
         return time.perf_counter() - self.started - self.excluded
 
     @contextmanager
-    def excluding(self) -> Iterator[None]:
+    def excluding(self, *, checkpoint: bool = False) -> Iterator[None]:
         """Time spent in the block does not count as training time."""
         started = time.perf_counter()
         try:
             yield
         finally:
-            self.excluded += time.perf_counter() - started
+            spent = time.perf_counter() - started
+            self.excluded += spent
+            if checkpoint:
+                self.checkpoint += spent
 
-    def add(self, loss: torch.Tensor, data_wait: float, compute: float) -> None:
+    def add(self, loss: torch.Tensor, data_wait: float, compute: float, communication: float) -> None:
         self.steps += 1
         self.data_wait += data_wait
-        self.busy += data_wait + compute
+        self.compute += compute
+        self.communication += communication
         self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
+
+    def timings(self) -> list[float]:
+        """This rank's step split, gathered beside its loss for the progress line."""
+        return [self.data_wait, self.compute, self.communication]
+
+
+@dataclass
+class PendingProgress:
+    """A progress line whose numbers are still being gathered from every rank, with what
+    rank 0 knew when its window closed."""
+
+    work: dist.Work
+    gathered: list[torch.Tensor]
+    step: int
+    epoch: int
+    steps: int
+    elapsed: float
+    data_wait: float
+    checkpoint: float
+    lr: float
+    grad_norm: torch.Tensor | None
 
 
 class Trainer:
@@ -126,10 +156,11 @@ class Trainer:
         self.val_metrics: dict[str, float] = {}
         self.model: DistributedDataParallel | None = None
         self.clock = BackwardClock()
-        self.grad_norm: float | None = None
+        self.grad_norm: torch.Tensor | None = None
+        self.pending_progress: PendingProgress | None = None
         self.flops_per_sample: float | None = getattr(module, "flops_per_sample", None)
-        device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        self.peak_flops = peak_flops(config.metrics, device_name)
+        self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        self.peak_flops = peak_flops(config.metrics, self.device_name)
 
     # ----- lifecycle -------------------------------------------------------------------
 
@@ -146,8 +177,7 @@ class Trainer:
         self.model = DistributedDataParallel(
             self.module, device_ids=[self.device.index] if self.device.type == "cuda" else None
         )
-        if self.config.metrics.port:
-            self.clock.install(self.module)
+        self.clock.install(self.module)
         self._banner()
         self.metrics.progress(
             {
@@ -202,13 +232,18 @@ class Trainer:
             "restart_count": ctx.restart_count,
             "run_id": ctx.run_id,
             "device": str(self.device),
+            "device_name": self.device_name,
             "backend": dist.get_backend(),
+            "amp": cfg.train.amp,
             "global_batch": self.math.global_batch,
             "lr": self.math.lr,
             "dataset": cfg.data.name,
             "train_samples": len(self.splits.train),
+            "tokens_per_sample": self.splits.spec.tokens_per_sample,
             "model": cfg.model.name,
             "parameters": params,
+            "flops_per_sample": self.flops_per_sample,
+            "peak_flops_per_device": self.peak_flops or None,
             "steps_per_epoch": self.steps_per_epoch,
             "total_steps": self.total_steps,
             "checkpoint_uri": self.checkpointer.store.uri,
@@ -249,6 +284,7 @@ class Trainer:
         with bar, logging_redirect_tqdm(loggers=[self.log]):
             while not self._finished():
                 self._train_epoch(bar, window)
+            self._report_progress()
 
     def _train_epoch(self, bar: tqdm, window: Window) -> None:
         progress, train = self.progress, self.config.train
@@ -273,7 +309,8 @@ class Trainer:
             self.scheduler.step()
             ended = time.perf_counter()
             waited = fetched - started
-            compute = self.clock.compute_since(fetched) or ended - fetched
+            communication = result.synced_at - (self.clock.take() or result.synced_at)
+            compute = ended - fetched - communication
             self.metrics.step(
                 samples=samples_per_rank,
                 tokens=tokens_per_rank,
@@ -285,18 +322,21 @@ class Trainer:
                 self.grad_norm = result.grad_norm
             progress.step += 1
             progress.epoch_position += samples_per_step
-            window.add(result.loss, waited, compute)
+            window.add(result.loss, waited, compute, communication)
             bar.update(1)
+            self._report_progress()
             if progress.step % self.config.log.every_steps == 0 or progress.step == self.total_steps:
-                self._log_progress(window)
+                self._gather_progress(window)
             epoch_done = progress.epoch_position + samples_per_step > self.sampler.total_size
             if epoch_done:
+                self._report_progress()
                 with window.excluding():
                     self._end_epoch()
             finished = self._finished()
             every = self.config.checkpoint.every_steps
             if finished or (every and progress.step % every == 0):
-                with window.excluding():
+                self._report_progress()
+                with window.excluding(checkpoint=True):
                     self._save()
             if epoch_done or finished:
                 return
@@ -311,61 +351,85 @@ class Trainer:
             or progress.epoch >= self.config.train.epochs
         )
 
-    def _log_progress(self, window: Window) -> None:
-        """One gather of every rank's loss, busy and data-wait time; rank 0 logs and exports."""
-        local = torch.tensor(
-            [window.loss_sum.item(), window.busy, window.data_wait], dtype=torch.float64, device=self.device
+    def _gather_progress(self, window: Window) -> None:
+        """Start gathering every rank's loss and step split for a progress line; the next
+        step runs while the gather travels, and `_report_progress` reads it afterwards."""
+        local = torch.cat(
+            [
+                window.loss_sum.double().reshape(1),
+                torch.tensor(window.timings(), dtype=torch.float64).to(self.device),
+            ]
         )
-        gathered = [torch.zeros_like(local) for _ in range(self.context.world_size)]
-        dist.all_gather(gathered, local)
-        table = torch.stack(gathered).cpu()
-        if not self.context.is_main:
-            self.metrics.progress({"epoch": self.progress.epoch + 1})
-            window.reset()
+        gathered = [torch.empty_like(local) for _ in range(self.context.world_size)]
+        self.pending_progress = PendingProgress(
+            work=dist.all_gather(gathered, local, async_op=True),
+            gathered=gathered,
+            step=self.progress.step,
+            epoch=self.progress.epoch + 1,
+            steps=window.steps,
+            elapsed=window.training_seconds,
+            data_wait=window.data_wait,
+            checkpoint=window.checkpoint,
+            lr=self.scheduler.get_last_lr()[0],
+            grad_norm=self.grad_norm,
+        )
+        window.reset()
+
+    def _report_progress(self) -> None:
+        """Rank 0 logs and exports the gathered progress line, if one is on its way."""
+        pending, self.pending_progress = self.pending_progress, None
+        if pending is None:
             return
-        elapsed = window.training_seconds
-        progress = self.progress
-        mean_loss = table[:, 0].sum().item() / self.context.world_size / window.steps
-        rate = window.steps * self.math.global_batch / elapsed
-        lag, slowest = straggler_lag(table[:, 1].tolist())
-        eta = (self.total_steps - progress.step) * elapsed / window.steps
+        pending.work.wait()
+        if not self.context.is_main:
+            self.metrics.progress({"epoch": pending.epoch})
+            return
+        table = torch.stack(pending.gathered).cpu()
+        steps, world, elapsed = pending.steps, self.context.world_size, pending.elapsed
+        loss_sum, data_wait, compute, communication = (table.sum(0) / world).tolist()
+        mean_loss = loss_sum / steps
+        rate = steps * self.math.global_batch / elapsed
+        lag, slowest = straggler_lag((table[:, 1] + table[:, 2]).tolist())
+        eta = (self.total_steps - pending.step) * elapsed / steps
+        mfu = None
+        if self.flops_per_sample and self.peak_flops:
+            mfu = self.flops_per_sample * rate / (self.peak_flops * world)
         fields = {
-            "epoch": progress.epoch + 1,
+            "epoch": pending.epoch,
             "epochs": self.config.train.epochs,
-            "step": progress.step,
+            "step": pending.step,
             "total_steps": self.total_steps,
             "loss": round(mean_loss, 6),
-            "lr": self.scheduler.get_last_lr()[0],
+            "lr": pending.lr,
             "samples_per_second": round(rate, 1),
-            "data_wait_share": round(window.data_wait / elapsed, 4),
+            "data_wait_share": round(pending.data_wait / elapsed, 4),
             "eta_seconds": round(eta, 1),
+            "mfu": None if mfu is None else round(mfu, 4),
+            "peak_memory_mb": round(peak_memory_bytes(self.device) / 2**20, 1),
+            **step_split_ms(elapsed, data_wait, compute, communication, pending.checkpoint, steps),
         }
         event(
             self.log,
             "progress",
-            f"epoch {fields['epoch']}/{fields['epochs']} step {progress.step}/{self.total_steps} "
+            f"epoch {fields['epoch']}/{fields['epochs']} step {pending.step}/{self.total_steps} "
             f"loss {mean_loss:.4f} lr {fields['lr']:.3e} {rate:,.0f} samples/s "
             f"data wait {100 * fields['data_wait_share']:.1f}% eta {_duration(eta)}",
             **fields,
         )
-        mfu = None
-        if self.flops_per_sample and self.peak_flops:
-            mfu = self.flops_per_sample * rate / (self.peak_flops * self.context.world_size)
         self.metrics.checkpoints(self.writer.stats)
         self.metrics.progress(
             {
                 "loss": mean_loss,
-                "lr": fields["lr"],
-                "grad_norm": None if self.grad_norm is None else float(self.grad_norm),
-                "epoch": fields["epoch"],
+                "lr": pending.lr,
+                "grad_norm": None if pending.grad_norm is None else float(pending.grad_norm),
+                "epoch": pending.epoch,
                 "samples_per_second": rate,
                 "mfu": mfu,
                 "straggler_lag": lag,
                 "slowest_rank": slowest,
             }
         )
-        self._append_history({**fields, "mfu": mfu, "straggler_lag": lag, "time": time.time()})
-        window.reset()
+        self._append_history({**fields, "straggler_lag": lag, "time": time.time()})
 
     def _append_history(self, record: dict[str, Any]) -> None:
         """Rank 0's progress as JSON lines, the run report's input (`metrics.history_file`)."""
@@ -489,6 +553,29 @@ def steps_per_epoch(train_samples: int, train: TrainConfig, world_size: int) -> 
             f"{global_batch} ({world_size} ranks x {train.grad_accum_steps} accumulation)",
         )
     return steps
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Most memory this rank has held: CUDA tensors on a GPU, the process's peak RSS on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+
+
+def step_split_ms(
+    elapsed: float, data_wait: float, compute: float, communication: float, checkpoint: float, steps: int
+) -> dict[str, float]:
+    """Milliseconds per step: the training step, and its parts averaged over ranks, with
+    checkpoint snapshots spread over the window's steps."""
+    per_step = {
+        "step_ms": elapsed,
+        "data_ms": data_wait,
+        "compute_ms": compute,
+        "communication_ms": communication,
+        "checkpoint_ms": checkpoint,
+    }
+    return {name: round(1000 * seconds / steps, 4) for name, seconds in per_step.items()}
 
 
 def _plural(count: int, singular: str, plural: str | None = None) -> str:

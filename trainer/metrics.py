@@ -102,7 +102,7 @@ class PrometheusMetrics(Metrics):
         self.data_wait = counter("ddp_train_data_wait_seconds_total", "Time this rank waited for batches.")
         self.compute = counter(
             "ddp_train_compute_seconds_total",
-            "Time this rank spent computing, up to its last gradient bucket (before waiting for peers).",
+            "Time this rank spent computing (forward, backward, optimizer), less its wait for gradients.",
         )
         self.step_seconds = Histogram(
             "ddp_train_step_seconds", "Wall time of one optimizer step.", RANK_LABELS, buckets=STEP_BUCKETS

@@ -7,8 +7,9 @@ import torch.nn.functional as F
 
 
 def training_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over every predicted element (a sample, or a token of a sequence)."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+    """Mean cross-entropy over every predicted element (a sample, or a token of a sequence).
+    `flatten` returns 2-D logits and 1-D targets themselves, adding no autograd node."""
+    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
 
 
 def per_sample_terms(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -24,10 +25,12 @@ def autocast_for(device: torch.device, amp: str) -> AbstractContextManager:
 
 @dataclass(frozen=True)
 class StepResult:
-    """This rank's mean loss over the step's micro-batches and the pre-clip gradient norm."""
+    """This rank's mean loss over the step's micro-batches, the pre-clip gradient norm, and
+    perf_counter() when the last backward returned (its gradients all-reduced)."""
 
     loss: torch.Tensor
     grad_norm: torch.Tensor | None
+    synced_at: float
 
 
 def train_step(
@@ -46,16 +49,19 @@ def train_step(
     k-times-larger batch."""
     device = next(model.parameters()).device
     count = len(micro_batches)
-    total = torch.zeros((), device=device)
+    total: torch.Tensor | None = None
     for index, (inputs, targets) in enumerate(micro_batches):
         inputs = inputs.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
         sync = index == count - 1
         with nullcontext() if sync else model.no_sync():
             with autocast_for(device, amp):
-                loss = training_loss(model(inputs), targets) / count
+                loss = training_loss(model(inputs), targets)
+                if count > 1:
+                    loss = loss / count
             scaler.scale(loss).backward()
-        total += loss.detach()
+        total = loss.detach() if total is None else total + loss.detach()
+    synced_at = time.perf_counter()
     grad_norm = None
     if clip_grad_norm > 0:
         scaler.unscale_(optimizer)
@@ -63,4 +69,4 @@ def train_step(
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(total, grad_norm)
+    return StepResult(total, grad_norm, synced_at)

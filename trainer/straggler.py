@@ -29,10 +29,10 @@ class BackwardClock:
     def _tick(self, parameter: torch.Tensor) -> None:
         self.last_ready = time.perf_counter()
 
-    def compute_since(self, started: float) -> float | None:
-        """Seconds from `started` to the end of the step's backward; None if none ran."""
+    def take(self) -> float | None:
+        """perf_counter() at the end of this rank's latest backward; None if none ran since."""
         ready, self.last_ready = self.last_ready, None
-        return None if ready is None else ready - started
+        return ready
 
 
 def straggler_lag(busy_seconds: list[float]) -> tuple[float, int]:

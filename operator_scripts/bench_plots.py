@@ -1,0 +1,77 @@
+"""The scaling benchmark's two PNGs: throughput against processes with the ideal line, and
+our step time split into data, compute, communication and checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from operator_scripts.bench_scaling import Scaling
+
+PARTS = (
+    ("data_ms", "waiting for data", "#8da0cb"),
+    ("compute_ms", "compute (forward, backward, optimizer)", "#66c2a5"),
+    ("communication_ms", "communication left exposed", "#fc8d62"),
+    ("checkpoint_ms", "checkpoint snapshot", "#e78ac3"),
+)
+
+
+def _pyplot():
+    """pyplot on the file-only backend, imported late: matplotlib is the optional `report` extra."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_scaling(results: list[Scaling], out: Path) -> Path:
+    """One panel per workload: samples/s of ours and of the bare loop at each process
+    count, and the ideal line (N x one process's rate)."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
+    for axis, scaling in zip(axes[0], results, strict=True):
+        counts = sorted(scaling.ours)
+        ideal = [n * scaling.rate("ours", 1) for n in counts]
+        axis.plot(counts, ideal, "k--", label="ideal (N x 1 process)")
+        for runner, marker in (("ours", "o-"), ("bare", "s-")):
+            rates = [scaling.rate(runner, n) for n in counts]
+            label = f"{runner} ({scaling.speedup(runner):.2f}x)"
+            axis.plot(counts, rates, marker, label=label)
+        axis.set_title(scaling.name)
+        axis.set_xlabel("processes (one thread each)")
+        axis.set_ylabel("global samples/s")
+        axis.set_xticks(counts)
+        axis.set_ylim(bottom=0)
+        axis.legend()
+        axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+    return out
+
+
+def plot_step_split(results: list[Scaling], out: Path) -> Path:
+    """Stacked bars of our mean step time by part, one bar per workload and process count."""
+    plt = _pyplot()
+    labels, splits = [], []
+    for scaling in results:
+        for nproc in sorted(scaling.split_ms):
+            labels.append(f"{scaling.name}\n{nproc} process{'es' if nproc > 1 else ''}")
+            splits.append(scaling.split(nproc))
+    figure, axis = plt.subplots(figsize=(9, 1.1 * len(labels) + 1.8))
+    left = [0.0] * len(labels)
+    for field, legend, colour in PARTS:
+        widths = [split[field] for split in splits]
+        axis.barh(labels, widths, left=left, label=legend, color=colour)
+        left = [start + width for start, width in zip(left, widths, strict=True)]
+    axis.set_xlabel("ms per optimizer step (mean over ranks)")
+    axis.invert_yaxis()
+    axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize="small")
+    axis.grid(axis="x", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+    return out
