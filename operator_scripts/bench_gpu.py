@@ -1,7 +1,7 @@
 """GPU benchmark: our trainer on a bf16-autocast decoder transformer, reporting tokens/s,
 MFU and peak memory per device from rank 0's JSON progress lines.
 
-    python -m operator_scripts.bench_gpu [--gpus 1] [--steps 60]   # ~235M parameters, seq 1024
+    python -m operator_scripts.bench_gpu [--gpus 1] [--steps 60]   # ~236M parameters, seq 1024
     python -m operator_scripts.bench_gpu --reduced                 # the same path, small, on a CPU
 
 One short call on a lent H200 (about two minutes with start-up). `--reduced` runs the

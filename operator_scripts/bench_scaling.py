@@ -7,9 +7,10 @@ Two workloads: a compute-bound CNN on 28x28 images and a communication-heavy wid
 small batches. For each, steady-state samples/s of our trainer and of the bare loop at 1
 and 2 processes, interleaved; speedup = rate(2) / rate(1), efficiency = speedup / 2.
 
-The ring model's inputs are measured here, as one would measure them on a cluster: gloo's
-per-hop latency, the time to all-reduce this model's gradients in DDP's buckets (giving the
-link's effective bandwidth at that size), and the step time of one device. Two CPU cores
+The model's inputs are measured here, in every round beside the runs, as one would measure
+them on a cluster: the time to all-reduce this model's gradients in DDP's buckets (and, for
+comparison, what the ring formula makes of gloo's 1 KiB latency and 64 MiB bandwidth),
+and the step time of one device. Two CPU cores
 are not two independent devices as two GPUs are: they share caches and memory bandwidth.
 So "one device" is measured as a world of one running beside a second, identical world of
 one (two jobs at once); the isolated single-process step's prediction is printed too. On a
@@ -31,7 +32,13 @@ from pathlib import Path
 
 from operator_scripts.bench_plots import plot_scaling, plot_step_split
 from operator_scripts.benchrun import SPLIT_FIELDS, run_baseline, run_trainer, torchrun
-from operator_scripts.estimate import Interconnect, ddp_bucket_bytes, ddp_buckets, predict
+from operator_scripts.estimate import (
+    Interconnect,
+    ddp_bucket_bytes,
+    ddp_buckets,
+    ring_allreduce_seconds,
+    with_communication,
+)
 
 WORKLOADS = {
     "compute-bound cnn": [
@@ -46,6 +53,23 @@ WORKLOADS = {
 COMMON = ["metrics.port=0", "train.clip_grad_norm=0"]
 LOG_EVERY = 10
 PROCESSES = (1, 2)
+LINK_FIELDS = ("latency", "bandwidth", "step_seconds")
+
+
+@dataclass(frozen=True)
+class Link:
+    """gloo on this machine: per-hop latency (1 KiB), bandwidth (64 MiB), and one step's
+    all-reduce time for a given gradient size in DDP's buckets."""
+
+    latency: float
+    bandwidth: float
+    step_seconds: float
+
+    def ring(self, gradient_bytes: float, devices: int = 2) -> float:
+        """The ring model's all-reduce time from the fitted latency and bandwidth."""
+        return ring_allreduce_seconds(
+            gradient_bytes, devices, Interconnect("gloo", self.bandwidth, self.latency)
+        )
 
 
 @dataclass
@@ -58,6 +82,7 @@ class Scaling:
     ours: dict[int, list[float]] = field(default_factory=dict)
     bare: dict[int, list[float]] = field(default_factory=dict)
     beside_neighbour: list[float] = field(default_factory=list)
+    links: list[Link] = field(default_factory=list)
     split_ms: dict[int, list[dict[str, float]]] = field(default_factory=dict)
 
     def rate(self, runner: str, nproc: int) -> float:
@@ -66,27 +91,13 @@ class Scaling:
     def speedup(self, runner: str) -> float:
         return self.rate(runner, 2) / self.rate(runner, 1)
 
+    def link(self) -> Link:
+        """Medians over the rounds' link measurements."""
+        return Link(*(statistics.median(getattr(link, name) for link in self.links) for name in LINK_FIELDS))
+
     def split(self, nproc: int) -> dict[str, float]:
         """Median of each part over the repeats."""
         return {name: statistics.median(run[name] for run in self.split_ms[nproc]) for name in SPLIT_FIELDS}
-
-
-@dataclass(frozen=True)
-class Link:
-    """gloo on this machine: per-hop latency, the 64 MiB bandwidth, and one step's
-    all-reduce time for a given gradient size (in DDP's buckets)."""
-
-    latency: float
-    bandwidth: float
-    step_seconds: float
-    gradient_bytes: float
-
-    def effective(self, devices: int = 2) -> Interconnect:
-        """The bandwidth that makes the ring model's time equal the measured step's."""
-        hops = 2 * (devices - 1)
-        latency = hops * self.latency * ddp_buckets(self.gradient_bytes)
-        moved = hops / devices * self.gradient_bytes
-        return Interconnect("gloo loopback", moved / max(self.step_seconds - latency, 1e-9), self.latency)
 
 
 def measure_link(gradient_bytes: float) -> Link:
@@ -94,7 +105,7 @@ def measure_link(gradient_bytes: float) -> Link:
     with tempfile.TemporaryDirectory() as workdir:
         out = torchrun(2, ["-m", "operator_scripts.measure_allreduce", "--bytes", *sizes], workdir)
     result = json.loads(out.strip().splitlines()[-1])
-    return Link(result["latency_s"], result["bandwidth_bytes_s"], result["step_s"], gradient_bytes)
+    return Link(result["latency_s"], result["bandwidth_bytes_s"], result["step_s"])
 
 
 def measure(name: str, overrides: list[str], repeats: int) -> Scaling:
@@ -112,12 +123,12 @@ def measure(name: str, overrides: list[str], repeats: int) -> Scaling:
         with ThreadPoolExecutor(2) as pool:  # two worlds of one at once
             pair = list(pool.map(lambda _: run_trainer(1, settings, log_every=LOG_EVERY), range(2)))
         scaling.beside_neighbour.append(statistics.mean(run.samples_per_second for run in pair))
+        scaling.links.append(measure_link(4 * scaling.parameters))
     return scaling
 
 
-def describe(scaling: Scaling, link: Link) -> list[str]:
-    gradient_bytes = 4 * scaling.parameters
-    effective = link.effective()
+def describe(scaling: Scaling) -> list[str]:
+    gradient_bytes, link = 4 * scaling.parameters, scaling.link()
     lines = [
         f"{scaling.name}: {scaling.parameters:,} parameters "
         f"({gradient_bytes / 1e6:.1f} MB of fp32 gradients), batch {scaling.per_rank_batch} per process",
@@ -131,15 +142,15 @@ def describe(scaling: Scaling, link: Link) -> list[str]:
     beside = batch / statistics.median(scaling.beside_neighbour)
     lines.append(
         f"  model inputs: one device's step {1000 * alone:.2f} ms alone, {1000 * beside:.2f} ms beside "
-        f"a busy neighbour; all-reduce {1000 * link.step_seconds:.2f} ms in "
-        f"{ddp_buckets(gradient_bytes)} buckets ({effective.bandwidth / 1e9:.2f} GB/s effective, "
-        f"{1e6 * link.latency:.0f} us per hop)"
+        f"a busy neighbour; all-reduce {1000 * link.step_seconds:.2f} ms measured in "
+        f"{ddp_buckets(gradient_bytes)} buckets (ring model from {1e6 * link.latency:.0f} us per hop and "
+        f"{link.bandwidth / 1e9:.2f} GB/s: {1000 * link.ring(gradient_bytes):.2f} ms)"
     )
     for overlap in (False, True):
         # the speedup is over the isolated single process, as measured; the step comes from beside
-        predicted = predict(beside, gradient_bytes, 2, effective, overlap=overlap)
+        predicted = with_communication(beside, link.step_seconds, 2, overlap=overlap)
         speedup = 2 * alone / predicted.step_seconds
-        naive = predict(alone, gradient_bytes, 2, effective, overlap=overlap).speedup
+        naive = with_communication(alone, link.step_seconds, 2, overlap=overlap).speedup
         lines.append(
             f"  predicted {'with' if overlap else 'without'} overlap: {speedup:.2f} "
             f"({100 * (speedup - measured) / measured:+.1f}% vs ours; from the step alone: {naive:.2f})"
@@ -162,13 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = [f"train.max_steps={args.steps}"] if args.steps else []
     for name, overrides in WORKLOADS.items():
         results.append(measure(name, [*overrides, *steps], args.repeats))
-        link = measure_link(4 * results[-1].parameters)
-        if len(results) == 1:
-            print(
-                f"gloo loopback: {link.bandwidth / 1e9:.2f} GB/s at 64 MiB, "
-                f"{link.latency * 1e6:.0f} us per hop (measured)"
-            )
-        print("\n".join(describe(results[-1], link)))
+        print("\n".join(describe(results[-1])))
     args.plots.mkdir(parents=True, exist_ok=True)
     for path in (
         plot_scaling(results, args.plots / "scaling.png"),

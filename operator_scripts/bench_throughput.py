@@ -1,7 +1,7 @@
 """Framework overhead: our trainer against the plainest DDP loop and PyTorch Lightning, on
 the same model, data, optimizer and world size, interleaved and repeated.
 
-    python -m operator_scripts.bench_throughput [--nproc 2] [--repeats 7] [--set key=value ...]
+    python -m operator_scripts.bench_throughput [--config NAME] [--nproc 2] [--repeats 7] [--set k=v ...]
 
 All three validate after every epoch and leave that time out of their windows. Ours runs
 without gradient clipping and periodic checkpoints here (the other two have neither): the
@@ -32,25 +32,26 @@ TARGETS = {"bare DDP loop": 0.98, "Lightning": 1.0}
 Runner = Callable[[int, list[str]], float]
 
 
-def ours(nproc: int, overrides: list[str]) -> float:
-    return run_trainer(nproc, overrides, log_every=LOG_EVERY).samples_per_second
+def ours(nproc: int, overrides: list[str], *, config: str | None) -> float:
+    return run_trainer(nproc, overrides, log_every=LOG_EVERY, config=config).samples_per_second
 
 
-def baseline(module: str) -> Runner:
-    return functools.partial(run_baseline, module, log_every=LOG_EVERY)
-
-
-def contenders() -> dict[str, Runner]:
-    runners: dict[str, Runner] = {"ours": ours, "bare DDP loop": baseline("bare_ddp")}
+def contenders(config: str | None) -> dict[str, Runner]:
+    runners: dict[str, Runner] = {
+        "ours": functools.partial(ours, config=config),
+        "bare DDP loop": functools.partial(run_baseline, "bare_ddp", log_every=LOG_EVERY, config=config),
+    }
     if importlib.util.find_spec("pytorch_lightning"):
-        runners["Lightning"] = baseline("lightning_ddp")
+        runners["Lightning"] = functools.partial(
+            run_baseline, "lightning_ddp", log_every=LOG_EVERY, config=config
+        )
     return runners
 
 
-def measure(nproc: int, overrides: list[str], repeats: int) -> dict[str, list[float]]:
+def measure(nproc: int, overrides: list[str], repeats: int, config: str | None) -> dict[str, list[float]]:
     """samples/s of every contender, `repeats` rounds, the order rotated each round so no
     contender always runs first (or right after the slowest)."""
-    runners = contenders()
+    runners = contenders(config)
     names = list(runners)
     results: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(repeats):
@@ -82,11 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--config", help="bundled config or YAML (default: the trainer's, digits)")
     parser.add_argument("--nproc", type=int, default=2, help="processes (one thread each; default 2)")
     parser.add_argument("--repeats", type=int, default=7, help="rounds of every contender (default 7)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="trainer settings")
     args = parser.parse_args(argv)
-    results = measure(args.nproc, [*DEFAULTS, *args.overrides], args.repeats)
+    results = measure(args.nproc, [*DEFAULTS, *args.overrides], args.repeats, args.config)
     if "Lightning" not in results:
         print("PyTorch Lightning is not installed (the optional `bench` extra): ours against the bare loop")
     processes = f"{args.nproc} process{'es' if args.nproc > 1 else ''}"

@@ -74,10 +74,13 @@ def run_trainer(
     )
 
 
-def run_baseline(module: str, nproc: int, overrides: list[str], *, log_every: int) -> float:
+def run_baseline(
+    module: str, nproc: int, overrides: list[str], *, log_every: int, config: str | None = None
+) -> float:
     """samples/s of `torchrun -m operator_scripts.<module>` (bare_ddp or lightning_ddp)."""
     sets = [arg for override in overrides for arg in ("--set", override)]
-    args = ["-m", f"operator_scripts.{module}", *sets, "--log-every", str(log_every)]
+    chosen = ["--config", config] if config else []
+    args = ["-m", f"operator_scripts.{module}", *chosen, *sets, "--log-every", str(log_every)]
     with tempfile.TemporaryDirectory() as workdir:
         out = torchrun(nproc, args, workdir)
     return json.loads(out.strip().splitlines()[-1])["samples_per_second"]

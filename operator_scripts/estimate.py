@@ -89,8 +89,15 @@ def predict(
 ) -> Prediction:
     """Step time and speedup at `devices` ranks from the measured single-device step."""
     comm = ring_allreduce_seconds(gradient_bytes, devices, link)
-    hidden = min(comm, BACKWARD_SHARE * step_seconds) if overlap else 0.0
-    return Prediction(devices, step_seconds, comm, hidden)
+    return with_communication(step_seconds, comm, devices, overlap=overlap)
+
+
+def with_communication(
+    step_seconds: float, comm_seconds: float, devices: int, *, overlap: bool
+) -> Prediction:
+    """The step at `devices` ranks given its all-reduce time (modelled or measured)."""
+    hidden = min(comm_seconds, BACKWARD_SHARE * step_seconds) if overlap else 0.0
+    return Prediction(devices, step_seconds, comm_seconds, hidden)
 
 
 def table(step_seconds: float, gradient_bytes: float, devices: list[int], link: Interconnect) -> str:

@@ -62,7 +62,8 @@ def test_scaling_benchmark_prints_speedups_and_predictions_and_draws_both_plots(
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-3000:]
     out = completed.stdout
-    assert re.search(r"gloo loopback: \d+\.\d\d GB/s at 64 MiB, \d+ us per hop", out), out
+    link = r"all-reduce [\d.]+ ms measured in 2 buckets \(ring model from \d+ us per hop and [\d.]+ GB/s"
+    assert len(re.findall(link, out)) == 2, out
     for workload in ("compute-bound cnn", "communication-heavy mlp"):
         assert f"{workload}: " in out
     for runner in ("ours", "bare"):
