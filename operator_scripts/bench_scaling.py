@@ -50,7 +50,7 @@ WORKLOADS = {
         "train.epochs=20,train.max_steps=200"
     ],
 }
-COMMON = ["metrics.port=0", "train.clip_grad_norm=0"]
+COMMON = ["metrics.port=0", "train.clip_grad_norm=0", "optim.lr_scaling=none"]  # as the bare loop: same LR
 LOG_EVERY = 10
 PROCESSES = (1, 2)
 LINK_FIELDS = ("latency", "bandwidth", "step_seconds")

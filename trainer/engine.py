@@ -102,7 +102,6 @@ class PendingProgress:
     epoch: int
     steps: int
     elapsed: float
-    data_wait: float
     checkpoint: float
     lr: float
     grad_norm: torch.Tensor | None
@@ -368,7 +367,6 @@ class Trainer:
             epoch=self.progress.epoch + 1,
             steps=window.steps,
             elapsed=window.training_seconds,
-            data_wait=window.data_wait,
             checkpoint=window.checkpoint,
             lr=self.scheduler.get_last_lr()[0],
             grad_norm=self.grad_norm,
@@ -402,7 +400,7 @@ class Trainer:
             "loss": round(mean_loss, 6),
             "lr": pending.lr,
             "samples_per_second": round(rate, 1),
-            "data_wait_share": round(pending.data_wait / elapsed, 4),
+            "data_wait_share": round(data_wait / elapsed, 4),
             "eta_seconds": round(eta, 1),
             "mfu": None if mfu is None else round(mfu, 4),
             "peak_memory_mb": round(peak_memory_bytes(self.device) / 2**20, 1),
