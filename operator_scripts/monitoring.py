@@ -67,6 +67,20 @@ PANELS: tuple[Panel, ...] = (
         "Each rank's token throughput.",
     ),
     Panel(
+        "Step time split",
+        tuple(
+            (f"{_rate(counter)} / {_rate('ddp_train_steps_total')}", part)
+            for counter, part in (
+                ("ddp_train_data_wait_seconds_total", "waiting for data"),
+                ("ddp_train_compute_seconds_total", "compute"),
+                ("ddp_train_communication_seconds_total", "communication left exposed"),
+            )
+        ),
+        "s",
+        "Seconds per step and rank, averaged over ranks: where a step goes. Communication is the "
+        "wait for the gradient all-reduce after the rank's own backward, slower peers included.",
+    ),
+    Panel(
         "Scaling efficiency",
         (
             (

@@ -108,6 +108,13 @@ def test_prometheus_scrapes_a_two_rank_run(prometheus_server, workdir):
             global_rate = values(
                 prometheus_server.query(f'sum(rate(ddp_train_samples_total{{job="{JOB}"}}[10s]))', at=now)
             )
+            step_seconds = values(
+                prometheus_server.query(
+                    f'sum(rate(ddp_train_step_seconds_sum{{job="{JOB}"}}[5s])) '
+                    f'/ sum(rate(ddp_train_steps_total{{job="{JOB}"}}[5s]))',
+                    at=now,
+                )
+            )
             rules = prometheus_server.get("/api/v1/rules")
         finally:
             trainer.wait(timeout=180)
@@ -128,6 +135,11 @@ def test_prometheus_scrapes_a_two_rank_run(prometheus_server, workdir):
     assert len(by_title["Samples/s per rank"]) == 2
     assert by_title["Restarts"] == [0.0]
     assert by_title["Checkpoint age"][0] < 60
+    split = sum(
+        values(results[expr])[0]
+        for expr, _ in next(p for p in PANELS if p.title == "Step time split").targets
+    )
+    assert 0.5 * step_seconds[0] < split < 1.05 * step_seconds[0], (split, step_seconds)  # parts of a step
 
     logged = rank0_rates(output.read_text(), since=now - 10)
     assert logged, "rank 0 logged no throughput in the last 10 s"

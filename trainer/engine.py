@@ -316,6 +316,7 @@ class Trainer:
                 seconds=ended - started,
                 data_wait=waited,
                 compute=compute,
+                communication=communication,
             )
             if result.grad_norm is not None:
                 self.grad_norm = result.grad_norm

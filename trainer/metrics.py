@@ -47,13 +47,23 @@ class StepBatch:
     tokens: int = 0
     data_wait: float = 0.0
     compute: float = 0.0
+    communication: float = 0.0
     step_seconds: list[float] = field(default_factory=list)
 
 
 class Metrics:
     """The no-op recorder (metrics.port=0): the loop calls the same methods either way."""
 
-    def step(self, *, samples: int, tokens: int, seconds: float, data_wait: float, compute: float) -> None:
+    def step(
+        self,
+        *,
+        samples: int,
+        tokens: int,
+        seconds: float,
+        data_wait: float,
+        compute: float,
+        communication: float,
+    ) -> None:
         """One optimizer step on this rank."""
 
     def progress(self, values: dict[str, float | None]) -> None:
@@ -103,6 +113,10 @@ class PrometheusMetrics(Metrics):
         self.compute = counter(
             "ddp_train_compute_seconds_total",
             "Time this rank spent computing (forward, backward, optimizer), less its wait for gradients.",
+        )
+        self.communication = counter(
+            "ddp_train_communication_seconds_total",
+            "Time this rank waited for the gradient all-reduce after its own backward, peers included.",
         )
         self.step_seconds = Histogram(
             "ddp_train_step_seconds", "Wall time of one optimizer step.", RANK_LABELS, buckets=STEP_BUCKETS
@@ -155,13 +169,23 @@ class PrometheusMetrics(Metrics):
         info = gauge("ddp_run_info", "The run's identity; the value is always 1.", tuple(sorted(run_info)))
         info.labels(**labels, **run_info).set(1)
 
-    def step(self, *, samples: int, tokens: int, seconds: float, data_wait: float, compute: float) -> None:
+    def step(
+        self,
+        *,
+        samples: int,
+        tokens: int,
+        seconds: float,
+        data_wait: float,
+        compute: float,
+        communication: float,
+    ) -> None:
         batch = self._batch
         batch.steps += 1
         batch.samples += samples
         batch.tokens += tokens
         batch.data_wait += data_wait
         batch.compute += compute
+        batch.communication += communication
         batch.step_seconds.append(seconds)
         if time.monotonic() - self._flushed_at >= FLUSH_SECONDS:
             self.flush()
@@ -176,6 +200,7 @@ class PrometheusMetrics(Metrics):
             self.tokens.inc(batch.tokens)
             self.data_wait.inc(batch.data_wait)
             self.compute.inc(batch.compute)
+            self.communication.inc(batch.communication)
             for seconds in batch.step_seconds:
                 self.step_seconds.observe(seconds)
         if self._device.type == "cuda":
