@@ -11,42 +11,32 @@ from conftest import REPO, process_env
 from operator_scripts.bench_gpu import GpuFigures
 
 
-def test_checkpoint_benchmark_prints_both_ratios():
+def run_benchmark(module: str, *args: str, timeout: float = 300) -> str:
+    """stdout of `python -m operator_scripts.MODULE ARGS`, which must succeed."""
     completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "operator_scripts.bench_checkpoint",
-            "--megabytes",
-            "8",
-            "--repeats",
-            "1",
-            "--matrix",
-            "128",
-            "--steps",
-            "5",
-        ],
+        [sys.executable, "-m", f"operator_scripts.{module}", *args],
         cwd=REPO,
         env=process_env(),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
+    return completed.stdout
+
+
+def test_checkpoint_benchmark_prints_both_ratios():
+    out = run_benchmark(
+        "bench_checkpoint", "--megabytes", "8", "--repeats", "1", "--matrix", "128", "--steps", "5"
+    )
     for label in ("stall ratio background/sync", "throughput ratio ours/plain"):
-        line = next(line for line in completed.stdout.splitlines() if label in line)
+        line = next(line for line in out.splitlines() if label in line)
         assert re.search(r": \d+\.\d{3} \(target", line), line
 
 
 def test_throughput_benchmark_compares_ours_with_the_bare_loop_and_lightning():
     """Lightning is in the dev extra, so all three contenders run (one round each)."""
-    completed = subprocess.run(
-        [sys.executable, "-m", "operator_scripts.bench_throughput", "--nproc", "1", "--repeats", "1",
-         "--set", "train.epochs=4"],
-        cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    out = completed.stdout
+    out = run_benchmark("bench_throughput", "--nproc", "1", "--repeats", "1", "--set", "train.epochs=4")
     for name in ("ours", "bare DDP loop", "Lightning"):
         assert re.search(rf"^  {name} +: +[\d,]+ samples/s \(median of 1", out, re.MULTILINE), out
     assert re.search(r"ratio ours/bare: \d+\.\d{3} \(median of rounds, .*target >= 0\.98\)", out), out
@@ -55,13 +45,9 @@ def test_throughput_benchmark_compares_ours_with_the_bare_loop_and_lightning():
 
 @pytest.mark.slow
 def test_scaling_benchmark_prints_speedups_and_predictions_and_draws_both_plots(tmp_path):
-    completed = subprocess.run(
-        [sys.executable, "-m", "operator_scripts.bench_scaling", "--repeats", "1", "--steps", "30",
-         "--plots", str(tmp_path)],
-        cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    out = completed.stdout
+    out = run_benchmark(
+        "bench_scaling", "--repeats", "1", "--steps", "30", "--plots", str(tmp_path), timeout=600
+    )
     link = r"all-reduce [\d.]+ ms measured in 2 buckets \(ring model from \d+ us per hop and [\d.]+ GB/s"
     assert len(re.findall(link, out)) == 2, out
     for workload in ("compute-bound cnn", "communication-heavy mlp"):
@@ -78,13 +64,10 @@ def test_scaling_benchmark_prints_speedups_and_predictions_and_draws_both_plots(
 
 def test_gpu_benchmark_reduced_mode_reports_tokens_mfu_and_memory():
     peak_tflops = 0.05
-    completed = subprocess.run(
-        [sys.executable, "-m", "operator_scripts.bench_gpu", "--reduced", "--steps", "30", "--json",
-         "--peak-tflops", str(peak_tflops)],
-        cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    out = run_benchmark(
+        "bench_gpu", "--reduced", "--steps", "30", "--json", "--peak-tflops", str(peak_tflops)
+    )
+    result = json.loads(out.strip().splitlines()[-1])
     assert result["device_name"] == "cpu" and result["world_size"] == 2 and result["global_batch"] == 16
     assert result["tokens_per_second"] == pytest.approx(64 * result["samples_per_second"])
     assert 0 < result["mfu"] < 1 and 50 < result["peak_memory_mb"] < 8192
