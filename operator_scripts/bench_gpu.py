@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 from dataclasses import dataclass
 
-from operator_scripts.benchrun import torchrun
+from operator_scripts.benchrun import trainer_records
 
 FULL = [
     "data.synthetic.num_samples=8192",
@@ -38,7 +37,6 @@ COMMON = [
     "train.clip_grad_norm=1.0",
     "checkpoint.every_steps=0",
     "metrics.port=0",
-    "log.format=json",
 ]
 
 
@@ -73,10 +71,8 @@ class GpuFigures:
         ]
 
 
-def figures(records: list[dict], warmup: int = 2) -> GpuFigures:
+def figures(start: dict, steady: list[dict]) -> GpuFigures:
     """Rank 0's start record and steady progress records, summarised."""
-    start = next(record for record in records if record["event"] == "start")
-    steady = [record for record in records if record["event"] == "progress"][warmup:]
     if not steady:
         raise ValueError("no progress lines after warm-up: raise --steps")
     mfus = [record["mfu"] for record in steady if record["mfu"] is not None]
@@ -105,19 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     nproc = 2 if args.reduced else args.gpus
     every = max(1, args.steps // 10)
-    overrides = [
-        *(REDUCED if args.reduced else FULL),
-        *COMMON,
-        f"train.max_steps={args.steps}",
-        f"log.every_steps={every}",
-    ]
+    overrides = [*(REDUCED if args.reduced else FULL), *COMMON, f"train.max_steps={args.steps}"]
     if args.peak_tflops:
         overrides.append(f"metrics.peak_flops_per_device={args.peak_tflops * 1e12:g}")
-    with tempfile.TemporaryDirectory() as workdir:
-        overrides.append(f"checkpoint.uri={workdir}/ckpt")
-        sets = [arg for override in overrides for arg in ("--set", override)]
-        out = torchrun(nproc, ["-m", "trainer", "--config", "tokens", *sets], workdir)
-    result = figures([json.loads(line) for line in out.splitlines() if line.startswith("{")])
+    result = figures(*trainer_records(nproc, overrides, log_every=every, config="tokens"))
     if args.json:
         print(json.dumps({**result.__dict__, "tokens_per_second": result.tokens_per_second}))
     else:

@@ -10,11 +10,11 @@ and 2 processes, interleaved; speedup = rate(2) / rate(1), efficiency = speedup 
 The model's inputs are measured here, in every round beside the runs, as one would measure
 them on a cluster: the time to all-reduce this model's gradients in DDP's buckets (and, for
 comparison, what the ring formula makes of gloo's 1 KiB latency and 64 MiB bandwidth),
-and the step time of one device. Two CPU cores
-are not two independent devices as two GPUs are: they share caches and memory bandwidth.
-So "one device" is measured as a world of one running beside a second, identical world of
-one (two jobs at once); the isolated single-process step's prediction is printed too. On a
-CPU the all-reduce needs the same cores as backward, so no overlap is the relevant column.
+and the step time of one device. Two CPU cores are not two independent devices as two GPUs
+are: they share caches and memory bandwidth. So "one device" is measured as a world of one
+running beside a second, identical world of one (two jobs at once); the isolated
+single-process step's prediction is printed too. On a CPU the all-reduce needs the same
+cores as backward, so no overlap is the relevant column.
 
 Two plots are written: throughput against processes with the ideal line, and our step
 time split into data, compute, communication and checkpoint.

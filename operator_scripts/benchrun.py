@@ -49,6 +49,26 @@ class TrainerRun:
     per_rank_batch: int
 
 
+def config_args(overrides: list[str], config: str | None) -> list[str]:
+    """`[--config CONFIG] --set A --set B ...`, as the trainer and the baselines take them."""
+    chosen = ["--config", config] if config else []
+    return [*chosen, *(arg for override in overrides for arg in ("--set", override))]
+
+
+def trainer_records(
+    nproc: int, overrides: list[str], *, log_every: int, config: str | None = None
+) -> tuple[dict, list[dict]]:
+    """`torchrun -m trainer` with JSON logs and a throwaway checkpoint folder (those settings
+    come last, so they win over `overrides`): rank 0's start record and its steady progress
+    records (the first `WARMUP_WINDOWS` left out)."""
+    with tempfile.TemporaryDirectory() as workdir:
+        fixed = f"checkpoint.uri={workdir}/ckpt,log.format=json,log.every_steps={log_every}"
+        out = torchrun(nproc, ["-m", "trainer", *config_args([*overrides, fixed], config)], workdir)
+    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    start = next(record for record in records if record["event"] == "start")
+    return start, [record for record in records if record["event"] == "progress"][WARMUP_WINDOWS:]
+
+
 def run_trainer(
     nproc: int,
     overrides: list[str],
@@ -56,16 +76,8 @@ def run_trainer(
     log_every: int,
     config: str | None = None,
 ) -> TrainerRun:
-    """`torchrun -m trainer [--config CONFIG]` with JSON logs and a throwaway checkpoint
-    folder (those settings come last, so they win over `overrides`)."""
-    with tempfile.TemporaryDirectory() as workdir:
-        fixed = f"checkpoint.uri={workdir}/ckpt,log.format=json,log.every_steps={log_every}"
-        sets = [arg for override in [*overrides, fixed] for arg in ("--set", override)]
-        chosen = ["--config", config] if config else []
-        out = torchrun(nproc, ["-m", "trainer", *chosen, *sets], workdir)
-    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    start = next(record for record in records if record["event"] == "start")
-    steady = [record for record in records if record["event"] == "progress"][WARMUP_WINDOWS:]
+    """One trainer run's steady-state figures."""
+    start, steady = trainer_records(nproc, overrides, log_every=log_every, config=config)
     return TrainerRun(
         statistics.median(record["samples_per_second"] for record in steady),
         {field: statistics.mean(record[field] for record in steady) for field in SPLIT_FIELDS},
@@ -78,9 +90,13 @@ def run_baseline(
     module: str, nproc: int, overrides: list[str], *, log_every: int, config: str | None = None
 ) -> float:
     """samples/s of `torchrun -m operator_scripts.<module>` (bare_ddp or lightning_ddp)."""
-    sets = [arg for override in overrides for arg in ("--set", override)]
-    chosen = ["--config", config] if config else []
-    args = ["-m", f"operator_scripts.{module}", *chosen, *sets, "--log-every", str(log_every)]
+    args = [
+        "-m",
+        f"operator_scripts.{module}",
+        *config_args(overrides, config),
+        "--log-every",
+        str(log_every),
+    ]
     with tempfile.TemporaryDirectory() as workdir:
         out = torchrun(nproc, args, workdir)
     return json.loads(out.strip().splitlines()[-1])["samples_per_second"]

@@ -10,7 +10,6 @@ check) so that it is timed doing what the other two loops do.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytorch_lightning as pl
@@ -19,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from operator_scripts.baseline import RateMeter, parse_baseline_args
 from trainer.data import build_data
+from trainer.distributed import read_env
 from trainer.models import build_model
 from trainer.objective import training_loss
 
@@ -58,17 +58,16 @@ class Throughput(pl.Callback):
 
 def main() -> None:
     config, log_every = parse_baseline_args(__doc__)
-    world = int(os.environ["WORLD_SIZE"])
-    local_world = int(os.environ["LOCAL_WORLD_SIZE"])
+    context = read_env()
     torch.manual_seed(config.seed)
     splits = build_data(config.data, config.seed)
     module = Classifier(build_model(config.model, splits.spec), config.optim.lr)
-    meter = RateMeter(log_every, config.train.batch_size * world)
+    meter = RateMeter(log_every, config.train.batch_size * context.world_size)
     trainer = pl.Trainer(
         accelerator="cpu",
         strategy="ddp",
-        devices=local_world,
-        num_nodes=world // local_world,
+        devices=context.local_world_size,
+        num_nodes=context.num_nodes,
         max_epochs=config.train.epochs,
         max_steps=config.train.max_steps or -1,
         logger=False,
