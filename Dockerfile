@@ -34,6 +34,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PATH="/opt/venv/bin:$PATH" \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 \
     HOME=/tmp \
     TMPDIR=/tmp \
     MPLCONFIGDIR=/tmp/matplotlib
@@ -47,6 +48,8 @@ COPY --from=build /opt/venv /opt/venv
 USER 10001:10001
 WORKDIR /tmp
 EXPOSE 23456 9401
-# exec form: torchrun is PID 1 and gets SIGTERM; options come from the operator's PET_* env
-ENTRYPOINT ["torchrun"]
-CMD ["-m", "trainer", "--config", "digits"]
+# exec form: ddp-launch is PID 1 and gets SIGTERM, which it forwards to torchrun; it checks
+# the config, waits for the rendezvous host, then runs torchrun with the options after "--"
+# (the rest come from the operator's PET_* env)
+ENTRYPOINT ["ddp-launch"]
+CMD ["--", "-m", "trainer", "--config", "digits"]

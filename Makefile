@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+# torchrun's restarts reuse no rendezvous store port: without it, 3 of 7 kill-and-restart
+# trials under --standalone hung or failed to connect (shared/reference/FACTS.md)
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE := 1
 
 .PHONY: demo test test-quick lint clean
 

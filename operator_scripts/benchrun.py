@@ -12,6 +12,7 @@ import tempfile
 from dataclasses import dataclass
 
 from operator_scripts.baseline import WARMUP_WINDOWS
+from trainer.launch import RDZV_ENV
 
 
 def torchrun(nproc: int, args: list[str], cwd: str) -> str:
@@ -27,7 +28,11 @@ def torchrun(nproc: int, args: list[str], cwd: str) -> str:
     ]
     threads = os.environ.get("OMP_NUM_THREADS", "1")
     completed = subprocess.run(
-        command, capture_output=True, text=True, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": threads}
+        command,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "OMP_NUM_THREADS": threads, **RDZV_ENV},
     )
     if completed.returncode:
         raise RuntimeError(completed.stderr[-2000:])

@@ -5,7 +5,7 @@ ddp-ops submit  [-f VALUES] [--set K=V] [--release R] [-n NS] [--dry-run]
 ddp-ops status  JOB [-n NS]        conditions, replicas, restarts, age, rank 0's pod
 ddp-ops logs    JOB [-n NS] [-f]   rank 0's pytorch container
 ddp-ops delete  JOB [-n NS]
-ddp-ops local   [-f VALUES] [--set K=V] [--workdir DIR]   run the rendered job here
+ddp-ops local   [-f VALUES] [--set K=V] [--workdir DIR] [--delay POD=SECONDS]   run the rendered job here
 """
 
 from __future__ import annotations
@@ -58,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     _chart_arguments(local)
     local.add_argument("--workdir", type=Path, help="folder for the pods' files (default: a temporary one)")
     local.add_argument("--timeout", type=float, default=3600, help="seconds before the job counts as failed")
+    local.add_argument(
+        "--delay",
+        action="append",
+        default=[],
+        type=_delay,
+        metavar="POD=SECONDS",
+        help="start POD (worker-0 or a full pod name) SECONDS after the others, as a slow image "
+        "pull or node scale-up would (repeatable)",
+    )
     # listed for --help; its own options are parsed by operator_scripts.estimate
     commands.add_parser(
         "estimate", help="predict speedup at N devices (ring all-reduce model)", add_help=False
@@ -65,17 +74,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _delay(text: str) -> tuple[str, float]:
+    pod, _, seconds = text.partition("=")
+    try:
+        value = float(seconds)
+    except ValueError:
+        value = -1.0
+    if not pod or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected POD=SECONDS, e.g. worker-0=75")
+    return pod, value
+
+
 def _render(args: argparse.Namespace):
     return render(merge_values(args.values, args.sets), release=args.release, namespace=args.namespace)
 
 
 def _local(args: argparse.Namespace) -> int:
-    from operator_scripts.local import run
+    from operator_scripts.local import LocalError, run
 
     rendered = _render(args)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ddp-local-"))
-    outcome = run(rendered.objects, workdir, timeout=args.timeout)
-    print(f"job {outcome.status}: restarts {outcome.restarts}; pod logs under {workdir}", file=sys.stderr)
+    try:
+        outcome = run(rendered.objects, workdir, timeout=args.timeout, delays=dict(args.delay))
+    except LocalError as error:
+        print(f"ddp-ops local: error: {error}", file=sys.stderr)
+        return 2
+    print(f"pod logs under {workdir}", file=sys.stderr)
+    print(outcome.summary(), flush=True)
     return 0 if outcome.status == "Succeeded" else 1
 
 

@@ -1,20 +1,29 @@
-"""Run a rendered PyTorchJob on this machine, each pod as a process group, as the operator
-and kubelet would: the operator's injected environment, pod host names mapped to their own
-loopback addresses, volumes mapped to folders, OnFailure restarts within the job's
-backoffLimit, and the job's outcome decided as the operator decides it.
+"""Run a rendered PyTorchJob on this machine as training-operator v1.9.4 and the kubelet
+would, each pod as a process tree: the operator's defaults and injected environment, pod
+names that resolve only while their pod runs, volumes mapped to folders under the work
+folder, restarts and re-creations by the job's restartPolicy, restarts summed against
+backoffLimit, success and clean-up as the operator decides them (`operator_status`).
 
-Local stand-ins, since there are no pods: a pod's network namespace is a loopback address
-(127.0.0.2, .3, ...), passed to the trainer as `--set metrics.address=<address>` so that
-every "pod" can serve its metrics port; only the pod named in the rendezvous endpoint
-hosts the c10d store (`is_host` in PET_RDZV_CONF), as in a cluster where no other pod
-has that host name; `secretKeyRef` values are read from this process's environment
-variable of the same key; `/dev/shm` is the host's.
+Local stand-ins, since there are no pods:
+- a pod's network namespace is a loopback address (127.0.0.2, .3, ...); each pod runs in a
+  UTS and mount namespace of its own (`unshare`) whose host name is the pod's name and
+  whose /etc/hosts is the job's table of running pods (`pod_sandbox`), so that a pod's
+  name resolves exactly while its process runs, as a headless Service's does while its pod
+  is Ready (common/service.go:229-244: no publishNotReadyAddresses);
+- the trainer gets `--set metrics.address=<address>`, so that every pod can serve its port;
+- every volume is a folder under `workdir/<pod>/volumes`, a PVC one under `workdir/pvc`,
+  and paths under mount points are rewritten to them in the environment, the arguments
+  and the ConfigMap files, so a run writes nothing outside `workdir`; emptyDirs survive a
+  container restart and are emptied when the operator re-creates a pod, as on a node;
+- `secretKeyRef` values are read from this process's environment variable of that key;
+- the Master's `init-pytorch` container is not run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,65 +35,136 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import psutil
+import yaml
 
-from operator_scripts.operator_env import PodPlan, job_outcome, plan_pods
+from operator_scripts.operator_env import PodPlan, plan_pods, with_defaults
+from operator_scripts.operator_status import (
+    JobCondition,
+    Phase,
+    PodState,
+    after_exit,
+    counted_restarts,
+    job_condition,
+    pods_to_delete,
+    restart_delay,
+)
+
+# the project's console scripts, run with this interpreter
+CONSOLE_SCRIPTS = {"torchrun": "torch.distributed.run", "ddp-launch": "trainer.launch"}
+
+
+class LocalError(Exception):
+    """Why a local run cannot start, in one line."""
 
 
 @dataclass
 class LocalPod:
-    """A pod's plan and its local process."""
+    """A pod's plan, its local process and what the kubelet and operator know of it."""
 
     plan: PodPlan
     address: str
     command: list[str]
     env: dict[str, str]
-    log_path: Path
-    process: subprocess.Popen | None = None
+    folder: Path
+    empty_dirs: list[Path]
+    start_at: float = 0.0
+    phase: Phase = "Pending"
     restarts: int = 0
+    recreations: int = 0
+    restart_at: float | None = None
     exit_code: int | None = None
+    process: subprocess.Popen | None = None
     log: TextIO | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
+    def log_path(self) -> Path:
+        return self.folder / "pytorch.log"
+
+    @property
+    def state(self) -> PodState:
+        return PodState(self.name, self.plan.replica_type, self.phase, self.restarts)
 
 
 @dataclass(frozen=True)
 class LocalOutcome:
-    """What the operator would report at the end."""
+    """What the operator would report at the end, and what its clean-up did."""
 
+    job: str
     status: str
+    reason: str
     restarts: int
+    backoff_limit: int | None
+    recreations: int
     exit_codes: dict[str, int | None]
     logs: dict[str, Path]
+    deleted: list[str]
+    kept_running: list[str]
+
+    def summary(self) -> str:
+        """The run's last line: `job NAME: Succeeded` or `job NAME: Failed (reason)`, then the
+        restarts counted against the limit."""
+        verdict = f"{self.status} ({self.reason})" if self.reason else self.status
+        limit = "no backoffLimit" if self.backoff_limit is None else f"backoffLimit {self.backoff_limit}"
+        return f"job {self.job}: {verdict}; {self.restarts} restarts counted ({limit})"
 
 
-def _mounts(plan: PodPlan, folder: Path, config_maps: dict[str, dict], shared: Path) -> dict[str, Path]:
-    """mountPath -> local folder for each volume of the pod, with ConfigMaps written out."""
+def _mounts(
+    plan: PodPlan, folder: Path, config_maps: dict[str, dict], shared: Path
+) -> tuple[dict[str, Path], list[Path]]:
+    """mountPath -> local folder for each volume of the pod (ConfigMaps written out, with
+    their mount paths localized), and the folders that are emptyDirs."""
     volumes = {volume["name"]: volume for volume in plan.template["spec"].get("volumes", [])}
     mapped: dict[str, Path] = {}
+    empty_dirs: list[Path] = []
+    config_mounts: list[tuple[Path, dict]] = []
     for mount in plan.container.get("volumeMounts", []):
         volume = volumes[mount["name"]]
-        if mount["mountPath"] == "/dev/shm":
-            continue
-        if "configMap" in volume:
-            target = folder / "volumes" / mount["name"]
-            target.mkdir(parents=True, exist_ok=True)
-            for key, text in config_maps[volume["configMap"]["name"]].get("data", {}).items():
-                (target / key).write_text(text)
-        elif "persistentVolumeClaim" in volume:
+        if "persistentVolumeClaim" in volume:
             target = shared / "pvc" / volume["persistentVolumeClaim"]["claimName"]
         else:
             target = folder / "volumes" / mount["name"]
+            if "emptyDir" in volume:
+                empty_dirs.append(target)
         target.mkdir(parents=True, exist_ok=True)
         mapped[mount["mountPath"]] = target
-    return mapped
+        if "configMap" in volume:
+            config_mounts.append((target, config_maps[volume["configMap"]["name"]]))
+    for target, config_map in config_mounts:
+        for key, text in config_map.get("data", {}).items():
+            (target / key).write_text(_localize_document(text, mapped))
+    return mapped, empty_dirs
 
 
-def _localize(value: str, mounts: dict[str, Path], hosts: dict[str, str]) -> str:
-    """Pod host names to their addresses, then container paths to local folders."""
-    for host, address in hosts.items():
-        value = value.replace(host, address)
+def _localize(value: str, mounts: dict[str, Path]) -> str:
+    """A container path under a mount point, as the path of its local folder."""
     for path in sorted(mounts, key=len, reverse=True):
         if value == path or value.startswith(path.rstrip("/") + "/"):
             return str(mounts[path]) + value[len(path.rstrip("/")) :]
     return value
+
+
+def _localize_document(text: str, mounts: dict[str, Path]) -> str:
+    """A ConfigMap file with the container paths inside it localized, when it is YAML
+    (the trainer's config names its checkpoint, cache and metrics folders)."""
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if not isinstance(tree, dict | list):
+        return text
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {key: walk(item) for key, item in node.items()}
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        return _localize(node, mounts) if isinstance(node, str) else node
+
+    return yaml.safe_dump(walk(tree), sort_keys=False)
 
 
 def _container_env(container: dict[str, Any], host_env: dict[str, str]) -> dict[str, str]:
@@ -99,50 +179,116 @@ def _container_env(container: dict[str, Any], host_env: dict[str, str]) -> dict[
     return env
 
 
+def _host_env(host_env: dict[str, str] | None) -> dict[str, str]:
+    """What a pod inherits from this machine: the interpreter's environment (a container's
+    image environment), less any torchrun or operator variables of an enclosing run."""
+    env = dict(os.environ if host_env is None else host_env)
+    return {key: value for key, value in env.items() if not key.startswith(("PET_", "TORCHELASTIC_"))}
+
+
 def prepare(
     objects: list[dict[str, Any]], workdir: Path, host_env: dict[str, str] | None = None
 ) -> list[LocalPod]:
     """Local pods for the rendered objects (one PyTorchJob and its ConfigMaps)."""
-    host_env = dict(os.environ if host_env is None else host_env)
+    inherited = _host_env(host_env)
     (job,) = [item for item in objects if item.get("kind") == "PyTorchJob"]
     config_maps = {item["metadata"]["name"]: item for item in objects if item.get("kind") == "ConfigMap"}
-    plans = plan_pods(job)
-    hosts = {plan.name: f"127.0.0.{index + 2}" for index, plan in enumerate(plans)}
     pods = []
-    for plan in plans:
+    for index, plan in enumerate(plan_pods(job)):
         folder = workdir / plan.name
-        mounts = _mounts(plan, folder, config_maps, workdir)
+        mounts, empty_dirs = _mounts(plan, folder, config_maps, workdir)
         container = plan.container
-        env = {**host_env, **_container_env(container, host_env), **plan.env}
-        if "PET_RDZV_ENDPOINT" in env:  # on one machine every pod "is" the endpoint host
-            is_host = env["PET_RDZV_ENDPOINT"].rsplit(":", 1)[0] == plan.name
-            conf = [part for part in env.get("PET_RDZV_CONF", "").split(",") if part]
-            env["PET_RDZV_CONF"] = ",".join([*conf, f"is_host={str(is_host).lower()}"])
-        env = {key: _localize(value, mounts, hosts) for key, value in env.items()}
-        argv = [
-            _localize(arg, mounts, hosts)
-            for arg in [*container.get("command", []), *container.get("args", [])]
-        ]
-        if argv[:1] == ["torchrun"]:  # the image's torchrun is this interpreter's
-            argv = [sys.executable, "-m", "torch.distributed.run", *argv[1:]]
-        argv += ["--set", f"metrics.address={hosts[plan.name]}"]
-        pods.append(LocalPod(plan, hosts[plan.name], argv, env, folder / "pytorch.log"))
+        env = {**inherited, **_container_env(container, inherited), **plan.env}
+        env = {key: _localize(value, mounts) for key, value in env.items()}
+        argv = [_localize(arg, mounts) for arg in [*container.get("command", []), *container.get("args", [])]]
+        if argv[0] in CONSOLE_SCRIPTS:  # the image's scripts are this interpreter's
+            argv = [sys.executable, "-m", CONSOLE_SCRIPTS[argv[0]], *argv[1:]]
+        address = f"127.0.0.{index + 2}"
+        argv += ["--set", f"metrics.address={address}"]
+        pods.append(LocalPod(plan, address, argv, env, folder, empty_dirs))
     return pods
 
 
-def _start(pod: LocalPod) -> None:
-    pod.log_path.parent.mkdir(parents=True, exist_ok=True)
-    pod.log = open(pod.log_path, "a")  # noqa: SIM115  (closed when the pod ends)
-    cwd = pod.env.get("HOME") if Path(pod.env.get("HOME", "")).is_dir() else None
-    pod.process = subprocess.Popen(
-        pod.command, env=pod.env, cwd=cwd, stdout=pod.log, stderr=subprocess.STDOUT, start_new_session=True
+class HostsTable:
+    """The job's /etc/hosts: `localhost` and each running pod's address. Pods see it through
+    a bind mount, which pins the file, so it is rewritten in place: new text from offset
+    0, then truncated (a reader that races sees whole lines of the old or the new table)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.running: dict[str, str] = {}
+        path.write_text(self._text())
+        (path.parent / "nsswitch.conf").write_text("hosts: files\n")
+
+    @property
+    def nsswitch(self) -> Path:
+        return self.path.parent / "nsswitch.conf"
+
+    def _text(self) -> str:
+        lines = ["127.0.0.1 localhost"] + [f"{address} {name}" for name, address in self.running.items()]
+        return "\n".join(lines) + "\n"
+
+    def set(self, name: str, address: str | None) -> None:
+        if address is None:
+            self.running.pop(name, None)
+        else:
+            self.running[name] = address
+        with open(self.path, "r+") as handle:
+            handle.write(self._text())
+            handle.truncate()
+
+
+def sandbox_command(hostname: str, hosts: HostsTable) -> list[str]:
+    """The prefix that runs a command as a pod: new UTS and mount namespaces (a user
+    namespace too when not root), the pod's host name and the job's hosts table."""
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return [
+        "unshare", *user, "--mount", "--uts", "--propagation", "private", "--",
+        sys.executable, "-m", "operator_scripts.pod_sandbox",
+        hostname, str(hosts.path), str(hosts.nsswitch), "--",
+    ]  # fmt: skip
+
+
+def check_sandbox(hosts: HostsTable) -> None:
+    """Fail in one line, before any pod starts, where namespaces cannot be made."""
+    if shutil.which("unshare") is None:
+        raise LocalError("needs `unshare` (util-linux) to give each pod its host name and hosts table")
+    resolve_localhost = "import socket; socket.getaddrinfo('localhost', 1)"
+    probe = subprocess.run(
+        [*sandbox_command("probe", hosts), sys.executable, "-c", resolve_localhost],
+        capture_output=True,
+        text=True,
     )
+    if probe.returncode != 0:
+        reason = (probe.stderr.strip().splitlines() or ["unknown error"])[-1]
+        raise LocalError(
+            f"cannot give pods namespaces of their own ({reason}): run as root, or enable "
+            "unprivileged user namespaces"
+        )
+
+
+def _start(pod: LocalPod, hosts: HostsTable) -> None:
+    pod.folder.mkdir(parents=True, exist_ok=True)
+    pod.log = open(pod.log_path, "a")  # noqa: SIM115  (closed when the container ends)
+    cwd = pod.env.get("HOME") if Path(pod.env.get("HOME", "")).is_dir() else pod.folder
+    hosts.set(pod.name, pod.address)
+    pod.process = subprocess.Popen(
+        [*sandbox_command(pod.name, hosts), *pod.command],
+        env=pod.env,
+        cwd=cwd,
+        stdout=pod.log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    pod.phase, pod.restart_at = "Running", None
 
 
 def _follow(path: Path, sink: Callable[[str], None], stop: threading.Event) -> None:
     """Stream a pod's log as it grows, like `kubectl logs -f`."""
     while not path.exists() and not stop.is_set():
         time.sleep(0.05)
+    if not path.exists():
+        return
     with open(path) as handle:
         while True:
             line = handle.readline()
@@ -154,65 +300,146 @@ def _follow(path: Path, sink: Callable[[str], None], stop: threading.Event) -> N
                 time.sleep(0.05)
 
 
+def _exit_code(returncode: int) -> int:
+    """The container's exit code as Kubernetes reports it: 128 + N for a signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _advance(pod: LocalPod, hosts: HostsTable, now: float, notify: Callable[[str], None]) -> str:
+    """One kubelet and operator pass over a pod; returns a permanent failure's reason."""
+    if pod.phase == "Pending" and now >= pod.start_at:
+        _start(pod, hosts)
+        return ""
+    if pod.phase != "Running":
+        return ""
+    if pod.process is None:  # waiting out the kubelet's back-off
+        if now >= pod.restart_at:
+            pod.restarts += 1
+            _start(pod, hosts)
+        return ""
+    returncode = pod.process.poll()
+    if returncode is None:
+        return ""
+    code = pod.exit_code = _exit_code(returncode)
+    hosts.set(pod.name, None)  # not Ready: its Service has no endpoint
+    pod.process = None
+    pod.log.close()
+    action = after_exit(pod.plan.restart_policy, code)
+    if action == "restart":
+        delay = restart_delay(pod.restarts + 1)
+        pod.restart_at = now + delay
+        notify(f"pod {pod.name} exited with code {code}; restart {pod.restarts + 1} in {delay:.0f}s")
+    elif action == "recreate":
+        pod.recreations += 1
+        pod.phase, pod.start_at, pod.restarts = "Pending", now, 0
+        for folder in pod.empty_dirs:  # a new pod gets new emptyDirs
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+        notify(f"pod {pod.name} exited with code {code} (retryable); the operator re-creates it")
+    elif action == "succeeded":
+        pod.phase = "Succeeded"
+    else:
+        pod.phase = "Failed"
+        notify(f"pod {pod.name} failed with exit code {code}")
+        reason = f"pod {pod.name} exited with code {code}"
+        return reason + (", not retryable" if pod.plan.restart_policy == "ExitCode" else "")
+    return ""
+
+
+def resolve_delays(job_name: str, pods: list[LocalPod], delays: dict[str, float]) -> dict[str, float]:
+    """`worker-0=75` or a full pod name -> that pod's start delay; an unknown pod is an error."""
+    names = {pod.name for pod in pods}
+    resolved = {}
+    for key, seconds in delays.items():
+        name = key if key in names else f"{job_name}-{key}"
+        if name not in names:
+            raise LocalError(f"--delay {key}={seconds:g}: no such pod; pods are {', '.join(sorted(names))}")
+        resolved[name] = seconds
+    return resolved
+
+
 def run(
     objects: list[dict[str, Any]],
     workdir: Path,
     *,
     timeout: float = 3600,
+    delays: dict[str, float] | None = None,
     stream: Callable[[str], None] | None = print,
+    notify: Callable[[str], None] = lambda line: print(f"local: {line}", file=sys.stderr, flush=True),
     on_tick: Callable[[list[LocalPod]], None] | None = None,
     host_env: dict[str, str] | None = None,
 ) -> LocalOutcome:
-    """Run the job to its end: restart failed pods (OnFailure) until the job's backoffLimit
-    is spent, then report Succeeded or Failed with the restarts counted."""
-    (job,) = [item for item in objects if item.get("kind") == "PyTorchJob"]
-    backoff_limit = job["spec"].get("runPolicy", {}).get("backoffLimit", 6)
+    """Run the job until the operator would call it Succeeded or Failed, apply its
+    cleanPodPolicy, stop whatever still runs, and report."""
+    (job,) = [with_defaults(item) for item in objects if item.get("kind") == "PyTorchJob"]
+    run_policy = job["spec"]["runPolicy"]
+    workdir.mkdir(parents=True, exist_ok=True)
     pods = prepare(objects, workdir, host_env)
+    start_delays = resolve_delays(job["metadata"]["name"], pods, delays or {})
+    hosts = HostsTable(workdir / "etc-hosts")
+    check_sandbox(hosts)
     rank0 = next(p for p in pods if "training.kubeflow.org/job-role" in p.plan.labels)
     stop = threading.Event()
     follower = None
     if stream is not None:
         follower = threading.Thread(target=_follow, args=(rank0.log_path, stream, stop), daemon=True)
         follower.start()
+    started = time.monotonic()
     for pod in pods:
-        _start(pod)
-    deadline = time.monotonic() + timeout
-    status = "Running"
+        pod.start_at = started + start_delays.get(pod.name, 0.0)
+    condition = JobCondition("Running")
+    deleted: list[str] = []
+    kept: list[str] = []
     try:
-        while status == "Running":
-            if time.monotonic() > deadline:
-                status = "Failed"
+        while condition.status == "Running":
+            now = time.monotonic()
+            if now - started > timeout:
+                condition = JobCondition("Failed", f"DeadlineExceeded: still running after {timeout:.0f}s")
                 break
-            restarts = sum(p.restarts for p in pods)
-            for pod in pods:
-                code = pod.process.poll() if pod.process else None
-                if code is None or pod.exit_code is not None:
-                    continue
-                if code != 0 and restarts < backoff_limit:  # kubelet restarts the container
-                    pod.restarts += 1
-                    restarts += 1
-                    _start(pod)
-                else:
-                    pod.exit_code = code
-            exits = {p.plan.name: p.exit_code for p in pods}
-            status = job_outcome(job, exits)
+            failures = [reason for pod in pods if (reason := _advance(pod, hosts, now, notify))]
+            states = [pod.state for pod in pods]
+            condition = job_condition(
+                job, states, permanent_failure="; ".join(failures), new_failure=bool(failures)
+            )
             if on_tick is not None:
                 on_tick(pods)
             time.sleep(0.1)
+        restarts = counted_restarts([pod.state for pod in pods])
+        deleted = pods_to_delete(run_policy["cleanPodPolicy"], [pod.state for pod in pods])
+        for pod in pods:
+            if pod.name in deleted and pod.process is not None:
+                notify(f"pod {pod.name} deleted (cleanPodPolicy {run_policy['cleanPodPolicy']})")
+                _stop(pod)
+        kept = [
+            pod.name
+            for pod in pods
+            if pod.name not in deleted and (pod.process is not None or pod.restart_at is not None)
+        ]
+        for name in kept:
+            notify(
+                f"pod {name} kept running (cleanPodPolicy {run_policy['cleanPodPolicy']}): on a cluster "
+                "it holds its resources until deleted; stopping it as this local run ends"
+            )
     finally:
         for pod in pods:
-            if pod.process and pod.process.poll() is None:
+            if pod.process is not None:
                 _stop(pod)
-            if pod.log:
+            if pod.log is not None:
                 pod.log.close()
         stop.set()
         if follower is not None:
             follower.join(timeout=5)
     return LocalOutcome(
-        status=status,
-        restarts=sum(p.restarts for p in pods),
-        exit_codes={p.plan.name: p.exit_code for p in pods},
-        logs={p.plan.name: p.log_path for p in pods},
+        job=job["metadata"]["name"],
+        status=condition.status,
+        reason=condition.reason,
+        restarts=restarts,
+        backoff_limit=run_policy.get("backoffLimit"),
+        recreations=sum(pod.recreations for pod in pods),
+        exit_codes={pod.name: pod.exit_code for pod in pods},
+        logs={pod.name: pod.log_path for pod in pods},
+        deleted=deleted,
+        kept_running=kept,
     )
 
 
@@ -231,10 +458,12 @@ def kill_pod(pod: LocalPod, sig: int = signal.SIGKILL) -> None:
             process.send_signal(sig)
 
 
-def _stop(pod: LocalPod, grace: float = 30) -> None:
-    """SIGTERM the pod's processes, SIGKILL what is left after the grace period."""
+def _stop(pod: LocalPod) -> None:
+    """Delete a pod: SIGTERM its processes, SIGKILL what is left after its grace period."""
+    grace = pod.plan.template["spec"].get("terminationGracePeriodSeconds", 30)
     kill_pod(pod, signal.SIGTERM)
     with contextlib.suppress(subprocess.TimeoutExpired):
         pod.process.wait(timeout=grace)
     kill_pod(pod, signal.SIGKILL)
-    pod.process.wait()
+    pod.exit_code = _exit_code(pod.process.wait())
+    pod.process = None

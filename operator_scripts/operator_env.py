@@ -1,8 +1,10 @@
-"""What the Kubeflow Training Operator v1.9.4 makes of a PyTorchJob: its pods' names,
-labels and injected environment (shared/reference/FACTS.md), as pure functions."""
+"""What the Kubeflow Training Operator v1.9.4 makes of a PyTorchJob: the defaults it applies,
+its pods' names, labels and injected environment (shared/reference/FACTS.md), as pure
+functions. File and line references are to kubeflow/trainer at tag v1.9.4."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,12 +21,35 @@ class PodPlan:
     index: int
     labels: dict[str, str]
     env: dict[str, str]  # injected by the operator, applied after the container's own env
+    restart_policy: str  # OnFailure, Always, Never or ExitCode
     template: dict[str, Any] = field(repr=False)
 
     @property
     def container(self) -> dict[str, Any]:
         (container,) = [c for c in self.template["spec"]["containers"] if c["name"] == "pytorch"]
         return container
+
+
+def with_defaults(job: dict[str, Any]) -> dict[str, Any]:
+    """The job as the controller sees it after defaulting, which happens in its memory only
+    (pkg/apis/kubeflow.org/v1/pytorch_defaults.go:77-96): cleanPodPolicy None, replicas 1,
+    restartPolicy OnFailure, nprocPerNode "auto" (:68-75), and elastic bounds copied from
+    each other or from the Worker replicas (:38-56)."""
+    job = copy.deepcopy(job)
+    spec = job["spec"]
+    spec.setdefault("runPolicy", {}).setdefault("cleanPodPolicy", "None")
+    for replica in spec["pytorchReplicaSpecs"].values():
+        replica.setdefault("replicas", 1)
+        replica.setdefault("restartPolicy", "OnFailure")
+    elastic = spec.get("elasticPolicy")
+    if elastic is not None:
+        low, high = elastic.get("minReplicas"), elastic.get("maxReplicas")
+        workers = spec["pytorchReplicaSpecs"]["Worker"]["replicas"]
+        elastic["minReplicas"] = low if low is not None else high if high is not None else workers
+        elastic["maxReplicas"] = high if high is not None else elastic["minReplicas"]
+    if elastic is None or elastic.get("nProcPerNode") is None:
+        spec.setdefault("nprocPerNode", "auto")
+    return job
 
 
 def job_port(job: dict[str, Any]) -> int:
@@ -56,47 +81,48 @@ def rank0_selector(job_name: str) -> str:
 
 
 def injected_env(job: dict[str, Any], replica_type: str, index: int) -> dict[str, str]:
-    """The environment the operator adds to a replica's containers."""
+    """The environment the operator appends to a replica's containers
+    (pkg/controller.v1/pytorch/envvar.go:50-121, elastic.go:87-183)."""
+    job = with_defaults(job)
     spec, name = job["spec"], job["metadata"]["name"]
     replicas = spec["pytorchReplicaSpecs"]
-    has_master = "Master" in replicas
     port = job_port(job)
     env = {"PYTHONUNBUFFERED": "1"}
     nproc = spec.get("nprocPerNode")
-    if nproc is not None:
-        env["PET_NPROC_PER_NODE"] = str(nproc)
-    total = sum(int(r.get("replicas", 1)) for r in replicas.values())
+    total = sum(int(r["replicas"]) for r in replicas.values())
     elastic = spec.get("elasticPolicy")
-    if has_master:
+    if "Master" in replicas:
         master = f"{name}-master-0"
         node_rank = 0 if replica_type == "master" else index + 1
+        # envvar.go:62-64,132-140: a non-integer nprocPerNode ("auto", "gpu") counts as 1
+        per_node = int(nproc) if nproc is not None and str(nproc).isdigit() else 1
         env.update(
             MASTER_ADDR=master, PET_MASTER_ADDR=master, MASTER_PORT=str(port), PET_MASTER_PORT=str(port),
-            RANK=str(node_rank), PET_NODE_RANK=str(node_rank),
+            WORLD_SIZE=str(total * per_node), RANK=str(node_rank), PET_NODE_RANK=str(node_rank),
         )  # fmt: skip
-        if nproc is not None and str(nproc).isdigit():
-            env["WORLD_SIZE"] = str(total * int(nproc))
-        if elastic is None:
-            env["PET_NNODES"] = str(total)
-    if elastic is not None:
-        host = elastic.get("rdzvHost") or f"{name}-worker-0"
-        env["PET_RDZV_ENDPOINT"] = f"{host}:{elastic.get('rdzvPort') or port}"
-        env["PET_RDZV_BACKEND"] = elastic.get("rdzvBackend") or "c10d"
-        if replica_type == "worker":
-            workers = int(replicas["Worker"].get("replicas", 1))
-            low, high = elastic.get("minReplicas", workers), elastic.get("maxReplicas", workers)
-            env["PET_NNODES"] = f"{low}:{high}"
-        if elastic.get("maxRestarts") is not None:
-            env["PET_MAX_RESTARTS"] = str(elastic["maxRestarts"])
-        if elastic.get("rdzvId"):
-            env["PET_RDZV_ID"] = str(elastic["rdzvId"])
-        if elastic.get("rdzvConf"):
-            env["PET_RDZV_CONF"] = ",".join(f"{kv['key']}={kv['value']}" for kv in elastic["rdzvConf"])
+    if nproc is not None:
+        env["PET_NPROC_PER_NODE"] = str(nproc)
+    if elastic is None:
+        env["PET_NNODES"] = str(total)
+        return env
+    host = elastic.get("rdzvHost") or f"{name}-worker-0"
+    env["PET_RDZV_ENDPOINT"] = f"{host}:{elastic.get('rdzvPort') or port}"
+    env["PET_RDZV_BACKEND"] = elastic.get("rdzvBackend") or "c10d"
+    env["PET_NNODES"] = f"{elastic['minReplicas']}:{elastic['maxReplicas']}"  # every replica type
+    if elastic.get("maxRestarts") is not None:
+        env["PET_MAX_RESTARTS"] = str(elastic["maxRestarts"])
+    if elastic.get("rdzvId"):
+        env["PET_RDZV_ID"] = str(elastic["rdzvId"])
+    if elastic.get("rdzvConf"):
+        env["PET_RDZV_CONF"] = ",".join(f"{kv['key']}={kv['value']}" for kv in elastic["rdzvConf"])
+    if elastic.get("nProcPerNode") is not None:
+        env["PET_NPROC_PER_NODE"] = str(elastic["nProcPerNode"])
     return env
 
 
 def plan_pods(job: dict[str, Any]) -> list[PodPlan]:
     """Every pod of the job, Master first, named `<job>-<type>-<index>`."""
+    job = with_defaults(job)
     name, replicas = job["metadata"]["name"], job["spec"]["pytorchReplicaSpecs"]
     has_master = "Master" in replicas
     pods = []
@@ -104,7 +130,7 @@ def plan_pods(job: dict[str, Any]) -> list[PodPlan]:
         if kind not in replicas:
             continue
         replica_type = kind.lower()
-        for index in range(int(replicas[kind].get("replicas", 1))):
+        for index in range(int(replicas[kind]["replicas"])):
             pods.append(
                 PodPlan(
                     name=f"{name}-{replica_type}-{index}",
@@ -112,21 +138,8 @@ def plan_pods(job: dict[str, Any]) -> list[PodPlan]:
                     index=index,
                     labels=pod_labels(name, replica_type, index, has_master),
                     env=injected_env(job, replica_type, index),
+                    restart_policy=replicas[kind]["restartPolicy"],
                     template=replicas[kind]["template"],
                 )
             )
     return pods
-
-
-def job_outcome(job: dict[str, Any], exits: dict[str, int | None]) -> str:
-    """Running, Succeeded or Failed from each pod's last exit code (None: still running),
-    as the operator decides it: with a Master, the Master's result is the job's."""
-    name = job["metadata"]["name"]
-    has_master = "Master" in job["spec"]["pytorchReplicaSpecs"]
-    if has_master:
-        decisive = [exits[f"{name}-master-0"]]
-    else:
-        decisive = [code for pod, code in exits.items() if "-worker-" in pod]
-    if any(code not in (None, 0) for code in decisive):
-        return "Failed"
-    return "Succeeded" if all(code == 0 for code in decisive) else "Running"

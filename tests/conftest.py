@@ -42,6 +42,7 @@ def process_env(extra: dict[str, str] | None = None, *, audit: bool = False) -> 
     paths = [str(REPO), str(HELPERS)] + ([str(AUDIT)] if audit else [])
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["OMP_NUM_THREADS"] = "1"
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env.update(extra or {})
     return env
 

@@ -194,8 +194,14 @@ def test_trainer_config_is_a_valid_trainer_config_mounted_in_the_pods():
     assert config.checkpoint.uri == "s3://ddp-checkpoints/runs/ddp-run"
     assert (config.metrics.port, config.metrics.address) == (9401, "0.0.0.0")
     container = trainer_container(pod_templates(rendered.one("PyTorchJob"))["Worker"])
-    assert container["args"][:4] == ["-m", "trainer", "--config", "/etc/ddp-trainer/config.yaml"]
-    assert container["args"][4:] == ["--set", "train.amp=bf16"]
+    assert container["command"] == ["ddp-launch"]
+    launcher, torchrun = (
+        container["args"][: container["args"].index("--")],
+        container["args"][container["args"].index("--") + 1 :],
+    )
+    assert launcher == ["--rendezvous-wait", "900", "--relaunches", "3"]
+    assert torchrun[:4] == ["-m", "trainer", "--config", "/etc/ddp-trainer/config.yaml"]
+    assert torchrun[4:] == ["--set", "train.amp=bf16"]
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert mounts["/etc/ddp-trainer"]["readOnly"]
 
@@ -263,8 +269,8 @@ def test_irsa_kueue_gang_and_placement():
         "scheduleTimeoutSeconds": 600,
     }
     assert (run_policy["ttlSecondsAfterFinished"], run_policy["activeDeadlineSeconds"]) == (86400, 172800)
-    assert run_policy["cleanPodPolicy"] == "Running" and run_policy["backoffLimit"] == 3
-    assert job["spec"]["elasticPolicy"]["rdzvConf"] == [{"key": "join_timeout", "value": "900"}]
+    assert run_policy["cleanPodPolicy"] == "Running" and run_policy["backoffLimit"] == 6  # 3 x 2 pods
+    assert job["spec"]["elasticPolicy"]["rdzvConf"] == [{"key": "join_timeout", "value": "1200"}]
     account = rendered.one("ServiceAccount")
     assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith("role/ddp-checkpoints")
     pod = pod_templates(job)["Worker"]["spec"]

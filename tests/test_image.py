@@ -33,8 +33,9 @@ def test_chart_command_is_the_image_entrypoint():
     entrypoint = json.loads(instruction("ENTRYPOINT")[-1])
     job = render().one("PyTorchJob")
     container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-    assert container["command"] == entrypoint == ["torchrun"]
-    assert container["args"][:2] == json.loads(instruction("CMD")[-1])[:2] == ["-m", "trainer"]
+    assert container["command"] == entrypoint == ["ddp-launch"]
+    trainer_args = container["args"][container["args"].index("--") :]
+    assert trainer_args[:3] == json.loads(instruction("CMD")[-1])[:3] == ["--", "-m", "trainer"]
 
 
 def test_image_user_ports_and_pins_match_the_chart():

@@ -4,13 +4,14 @@ as the operator would run it: pods as process groups on loopback, restarts, outc
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from conftest import HELPERS, REPO, process_env
 
 from operator_scripts.chart import merge_values, render
 from operator_scripts.local import kill_pod, run
-from operator_scripts.operator_env import injected_env, job_outcome, plan_pods, rank0_selector
+from operator_scripts.operator_env import injected_env, plan_pods, rank0_selector
 
 CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"
 
@@ -54,16 +55,6 @@ def test_pod_names_labels_and_rank0_selector():
     assert selector.items() <= pods[0].labels.items()
 
 
-def test_job_outcome_follows_the_operator():
-    elastic, fixed = job(["gpus=16"]), job(["mode=fixed,gpus=16"])
-    workers = {"ddp-run-ddp-trainer-worker-0": 0, "ddp-run-ddp-trainer-worker-1": None}
-    assert job_outcome(elastic, workers) == "Running"
-    assert job_outcome(elastic, {**workers, "ddp-run-ddp-trainer-worker-1": 0}) == "Succeeded"
-    assert job_outcome(elastic, {**workers, "ddp-run-ddp-trainer-worker-1": 1}) == "Failed"
-    master = {"ddp-run-ddp-trainer-master-0": 0, "ddp-run-ddp-trainer-worker-0": None}
-    assert job_outcome(fixed, master) == "Succeeded"
-
-
 @pytest.mark.slow
 def test_the_charts_cpu_job_runs_locally_survives_a_pod_kill_and_checkpoints_to_s3(s3_bucket, tmp_path):
     """Two CPU pods from the chart, checkpoints on the moto S3 server, metrics on: a pod
@@ -75,7 +66,7 @@ def test_the_charts_cpu_job_runs_locally_survives_a_pod_kill_and_checkpoints_to_
         sets=[
             f"checkpoints.s3.bucket={s3_bucket.name},checkpoints.s3.prefix={prefix},"
             f"checkpoints.s3.endpoint={s3_bucket.endpoint},checkpoints.s3.region=us-east-1,"
-            "checkpoints.s3.existingSecret=s3-keys,metrics.port=9411,runPolicy.backoffLimit=3",
+            "checkpoints.s3.existingSecret=s3-keys,metrics.port=9411",
             "trainer.config.data.name=plugins:slow_digits,trainer.config.data.options.delay_s=0.002,"
             "trainer.config.train.max_steps=60,trainer.config.checkpoint.every_steps=10,"
             "trainer.config.log.every_steps=10",
@@ -103,23 +94,98 @@ def test_the_charts_cpu_job_runs_locally_survives_a_pod_kill_and_checkpoints_to_
     )
     logs = {name: path.read_text() for name, path in outcome.logs.items()}
     assert outcome.status == "Succeeded", {k: v[-2000:] for k, v in logs.items()}
-    assert killed == ["ddp-run-ddp-trainer-worker-1"] and outcome.restarts == 1
+    # ExitCode: the SIGKILLed pod (137, retryable) is re-created; backoffLimit counts nothing
+    assert killed == ["ddp-run-ddp-trainer-worker-1"]
+    assert (outcome.recreations, outcome.restarts) == (1, 0)
     assert s3_bucket.latest_step(prefix) == 60
     assert any("resumed from step" in text for text in logs.values())
     assert any("world size 2 (2 nodes x 1 process)" in line for line in lines)  # rank 0 streamed
     assert any("checkpoint step 10 -> s3://" in line for line in lines)
 
 
-@pytest.mark.slow
-def test_a_job_whose_pods_keep_failing_ends_failed_after_its_backoff_limit(tmp_path):
+def outside_paths() -> dict[str, object]:
+    """What a local run must leave alone: the container paths the chart's config names, and
+    the trainer's default checkpoint cache, each as (exists, entries)."""
+    import tempfile
+
+    watched = [
+        "/checkpoints",
+        "/tmp/metrics",
+        "/tmp/checkpoint-cache",
+        f"{tempfile.gettempdir()}/ddp-trainer-cache",
+    ]
+    return {path: sorted(os.listdir(path)) if os.path.isdir(path) else None for path in watched}
+
+
+def delayed_start(tmp_path, pods: int, lines: list[str]):
     values = merge_values(
-        files=[CPU_VALUES], sets=["runPolicy.backoffLimit=1,trainer.config.train.batch_size=0"]
+        files=[CPU_VALUES],
+        sets=[f"cpuNodes={pods},trainer.config.train.max_steps=20,trainer.config.log.every_steps=10"],
     )
+    rendered = render(values, release="slow-start", namespace="training")
+    return run(
+        rendered.objects,
+        tmp_path / "pods",
+        timeout=400,
+        delays={"worker-0": 75},
+        stream=lines.append,
+        host_env=process_env(),
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pods", [2, 4])
+def test_a_slow_rendezvous_host_costs_no_restart(tmp_path, pods):
+    """worker-0 starts 75 s late (an image pull): the others wait for its name, one line
+    each, and the job succeeds with no restart and no re-created pod. Writes stay in
+    the work folder."""
+    before = outside_paths()
+    lines: list[str] = []
+    outcome = delayed_start(tmp_path, pods, lines)
+    logs = {name: path.read_text() for name, path in outcome.logs.items()}
+    assert outcome.status == "Succeeded", {k: v[-2000:] for k, v in logs.items()}
+    assert (outcome.restarts, outcome.recreations) == (0, 0)
+    waiting = [name for name, text in logs.items() if text.count("waiting for the rendezvous host") == 1]
+    assert waiting == [f"slow-start-ddp-trainer-worker-{i}" for i in range(1, pods)]
+    assert any(f"world size {pods} ({pods} nodes x 1 process)" in line for line in lines)
+    checkpoints = tmp_path / "pods" / "slow-start-ddp-trainer-worker-0" / "volumes" / "checkpoints"
+    assert (checkpoints / "slow-start" / "latest.json").is_file()
+    assert outside_paths() == before
+
+
+@pytest.mark.slow
+def test_a_bad_trainer_value_fails_the_job_in_seconds_without_a_restart(tmp_path):
+    values = merge_values(files=[CPU_VALUES], sets=["trainer.config.train.batch_size=0"])
     rendered = render(values, release="bad-run", namespace="training")
+    started = time.monotonic()
     outcome = run(rendered.objects, tmp_path / "pods", timeout=120, stream=None, host_env=process_env())
-    assert outcome.status == "Failed" and outcome.restarts == 1
-    text = next(iter(outcome.logs.values())).read_text()
-    assert "train.batch_size=0: must be greater than 0" in text
+    assert time.monotonic() - started < 30
+    assert outcome.status == "Failed" and "exited with code 2, not retryable" in outcome.reason
+    assert (outcome.restarts, outcome.recreations) == (0, 0)
+    rank0 = outcome.logs["bad-run-ddp-trainer-worker-0"].read_text()
+    assert rank0.strip() == "trainer: error: train.batch_size=0: must be greater than 0"
+    assert outcome.summary().startswith("job bad-run-ddp-trainer: Failed (pod bad-run-ddp-trainer-worker-")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("policy", "stopped"), [("Running", True), ("None", False)])
+def test_a_job_that_keeps_failing_ends_after_exactly_its_backoff_limit(tmp_path, policy, stopped):
+    """Under OnFailure every failure restarts the container in place and counts; the job is
+    Failed when the sum over pods reaches backoffLimit. Its pods are then deleted, or kept
+    (and would keep restarting) under cleanPodPolicy None."""
+    values = merge_values(
+        files=[CPU_VALUES],
+        sets=[
+            f"restartPolicy=OnFailure,runPolicy.backoffLimit=3,runPolicy.cleanPodPolicy={policy}",
+            "trainer.config.train.batch_size=0",
+        ],
+    )
+    rendered = render(values, release="crash-run", namespace="training")
+    outcome = run(rendered.objects, tmp_path / "pods", timeout=120, stream=None, host_env=process_env())
+    assert (outcome.status, outcome.reason, outcome.restarts) == ("Failed", "BackoffLimitExceeded", 3)
+    assert outcome.summary().endswith("Failed (BackoffLimitExceeded); 3 restarts counted (backoffLimit 3)")
+    pods = ["crash-run-ddp-trainer-worker-0", "crash-run-ddp-trainer-worker-1"]
+    assert (outcome.deleted, outcome.kept_running) == ((pods, []) if stopped else ([], pods))
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import signal
@@ -24,6 +25,9 @@ from trainer.metrics import prepare_multiprocess_dir, start_metrics
 from trainer.models import MODELS, build_model
 
 EXIT_CONFIG_ERROR = 2
+# set by `ddp-launch`: a configuration error found inside a worker is written here, so that
+# the launcher stops torchrun at once instead of letting it retry what cannot succeed
+FATAL_FILE_ENV = "TRAINER_FATAL_FILE"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -46,7 +50,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="override a key in Helm's --set syntax (a.b=c, x={1,2}); repeatable",
     )
     parser.add_argument("--print-config", action="store_true", help="print the effective config and exit")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="check the config, plug-ins, device and that checkpoint.uri is writable, then exit",
+    )
     return parser.parse_args(argv)
+
+
+def validate(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Config]:
+    """Everything that can be checked before a process group: the arguments, the config,
+    plug-ins, device, and with `--check` (as `ddp-launch` runs it) a probe write to the
+    checkpoint location. Raises ConfigError."""
+    args = parse_args(argv)
+    config = load_config(args.config, args.overrides)
+    check_environment(config)
+    return args, config
 
 
 def check_environment(config: Config) -> None:
@@ -70,8 +89,13 @@ def cache_dir(config: CheckpointConfig) -> Path:
 
 
 def report(error: ConfigError, context: DistContext) -> int:
+    """One line on stderr (rank-prefixed off rank 0), and the launcher told not to retry."""
     prefix = "" if context.is_main else f"[rank {context.rank}] "
-    print(f"{prefix}trainer: error: {error}", file=sys.stderr, flush=True)
+    line = f"{prefix}trainer: error: {error}"
+    print(line, file=sys.stderr, flush=True)
+    if FATAL_FILE_ENV in os.environ:
+        with contextlib.suppress(OSError):
+            Path(os.environ[FATAL_FILE_ENV]).write_text(line + "\n")
     return EXIT_CONFIG_ERROR
 
 
@@ -100,6 +124,7 @@ def train(config: Config, context: DistContext) -> int:
         )
         if context.is_main:
             checkpointer.store.prepare()
+            checkpointer.store.clean_staging(checkpointer.cache)
             refuse_overwrite(config, checkpointer)
     except ConfigError as error:
         return report(error, context)
@@ -138,14 +163,17 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 @record
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
     context = read_env()
     try:
-        config = load_config(args.config, args.overrides)
-        check_environment(config)
+        args, config = validate(argv)
+        if args.check:
+            open_store(config.checkpoint).prepare()
     except ConfigError as error:
         return report(error, context)
     if args.print_config:
         print(dump_yaml(config), end="")
+        return 0
+    if args.check:
+        print(f"trainer: configuration and {config.checkpoint.uri} are usable")
         return 0
     return train(config, context)

@@ -40,9 +40,15 @@ spec:
     - name: pytorch
       image: "{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}"
       imagePullPolicy: {{ .Values.image.pullPolicy }}
-      # exec form: SIGTERM reaches torchrun, which forwards it to the workers
-      command: ["torchrun"]
+      # exec form: SIGTERM reaches ddp-launch, which forwards it to torchrun and the workers;
+      # ddp-launch checks the config first and waits for the rendezvous host (values.yaml)
+      command: ["ddp-launch"]
       args:
+        - "--rendezvous-wait"
+        - {{ .Values.launcher.rendezvousWaitSeconds | quote }}
+        - "--relaunches"
+        - {{ .Values.launcher.relaunches | quote }}
+        - "--"
         - "-m"
         - "trainer"
         - "--config"

@@ -76,6 +76,6 @@ def webhook_problems(job: dict) -> list[str]:
         if spec.get("nprocPerNode") == "auto":
             problems.append("nprocPerNode auto")
         command = containers[0].get("command", [])
-        if not isinstance(command, list) or command[:1] != ["torchrun"]:
-            problems.append(f"{kind}: command must be exec-form torchrun")
+        if not isinstance(command, list) or command[:1] != ["ddp-launch"]:
+            problems.append(f"{kind}: command must be exec-form ddp-launch (which runs torchrun)")
     return problems

@@ -1,7 +1,8 @@
 """The commit protocol over a store: checkpoint, then manifest, then `latest.json` last.
 
-A step counts only once `latest.json` has named it and its bytes match the manifest's
-sha256; anything else is an interrupted write, and the newest earlier good step is used.
+A step counts once its manifest is published and its bytes match the manifest's sha256 and
+load; anything else is an interrupted or damaged write, and the newest earlier good step is
+used. `latest.json`, written last and read back, points outside readers at the newest step.
 """
 
 from __future__ import annotations
@@ -51,28 +52,47 @@ class Checkpointer:
         self.keep_last = keep_last
         self.cache = cache
         self.protected: set[int] = set()
+        self._loaded: tuple[int, dict[str, Any]] | None = None
 
     def committed_step(self) -> int | None:
-        """The step `latest.json` names, unverified; None for an empty location."""
+        """The step `latest.json` names, unverified; None when it is absent or unreadable."""
         raw = self.store.get(LATEST_FILE)
         if raw is None:
             return None
         try:
             return int(json.loads(raw)["step"])
         except (ValueError, KeyError, TypeError):
-            log.warning("%s/%s is unreadable; ignoring it", self.store.uri, LATEST_FILE)
+            log.warning("%s/%s is unreadable; looking for steps in the store", self.store.uri, LATEST_FILE)
             return None
 
     def find_resumable(self) -> int | None:
-        """The newest committed step whose bytes verify, falling back step by step.
-        The verified copy stays in the cache for this node's ranks to load."""
+        """The newest intact step in the store: manifest parsed, sha256 verified, loadable.
+
+        `latest.json` is the pointer that readers outside the trainer follow; the trainer
+        does not trust it alone, since a deleted, garbled or stale pointer must not send a
+        run back to an older step. A step is complete once its manifest is published (it is
+        written after the checkpoint), so a step newer than the pointer, left by a write that
+        died before updating it, is used too. Each step skipped is named in a warning. The
+        verified copy stays in the cache, and its loaded state in memory, for `load`."""
+        steps = sorted(self.store.steps(), reverse=True)
         committed = self.committed_step()
-        if committed is None:
-            return None
-        for step in sorted((s for s in self.store.steps() if s <= committed), reverse=True):
-            if self.fetch_verified(step):
+        if committed is not None and committed not in steps:
+            log.warning("%s/%s names step %d, which is not there", self.store.uri, LATEST_FILE, committed)
+        for step in steps:
+            if self.fetch_verified(step) and self._loads(step):
+                if committed is not None and step != committed:
+                    log.warning(
+                        "resuming from step %d, the newest intact one; %s names step %d",
+                        step, LATEST_FILE, committed,
+                    )  # fmt: skip
                 return step
-        log.warning("no intact checkpoint at or before step %d in %s", committed, self.store.uri)
+        if steps:
+            raise CheckpointError(
+                "checkpoint.uri",
+                self.store.uri,
+                f"holds steps {', '.join(map(str, sorted(steps)))} but none is intact (see the warnings); "
+                "refusing to train from step 0 over them: move them aside or choose another checkpoint.uri",
+            )
         return None
 
     def fetch_verified(self, step: int) -> bool:
@@ -82,16 +102,37 @@ class Checkpointer:
         if raw_manifest is None or not self.store.fetch(name, self.cache):
             log.warning("checkpoint step %d in %s is incomplete; skipping it", step, self.store.uri)
             return False
-        manifest = json.loads(raw_manifest)
+        try:
+            manifest = json.loads(raw_manifest)
+            expected = (int(manifest["bytes"]), str(manifest["sha256"]))
+        except (ValueError, KeyError, TypeError):
+            log.warning("checkpoint step %d in %s has a damaged manifest; skipping it", step, self.store.uri)
+            self.store.evict(name, self.cache)
+            return False
         path = self.store.local_path(name, self.cache)
-        if manifest.get("bytes") != path.stat().st_size or manifest.get("sha256") != _sha256_file(path):
+        if expected != (path.stat().st_size, _sha256_file(path)):
             log.warning("checkpoint step %d in %s fails its sha256 check; skipping it", step, self.store.uri)
             self.store.evict(name, self.cache)
             return False
         return True
 
+    def _loads(self, step: int) -> bool:
+        """Whether a verified step also unpickles (bytes the manifest vouches for can still be
+        garbage); the state is kept for this process's `load`."""
+        try:
+            self._loaded = (step, self.load(step))
+            return True
+        except Exception as error:  # whatever unpickling garbage raises
+            reason = error.allowed if isinstance(error, CheckpointError) else error
+            log.warning("checkpoint step %d does not load (%s); skipping it", step, reason)
+        self.store.evict(f"step-{step}/{CHECKPOINT_FILE}", self.cache)
+        return False
+
     def load(self, step: int) -> dict[str, Any]:
         """Load a fetched step, tensors only (`weights_only=True`)."""
+        if self._loaded is not None and self._loaded[0] == step:
+            state, self._loaded = self._loaded[1], None
+            return state
         path = self.store.local_path(f"step-{step}/{CHECKPOINT_FILE}", self.cache)
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -99,11 +140,10 @@ class Checkpointer:
             raise CheckpointError(
                 "checkpoint.uri", self.store.uri, f"step {step} is not readable on this node ({path})"
             ) from None
-        if state.get("format") != FORMAT_VERSION:
+        if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION:
+            found = state.get("format") if isinstance(state, dict) else type(state).__name__
             raise CheckpointError(
-                "checkpoint.uri",
-                self.store.uri,
-                f"step {step} has format {state.get('format')}, expected {FORMAT_VERSION}",
+                "checkpoint.uri", self.store.uri, f"step {step} has format {found}, expected {FORMAT_VERSION}"
             )
         return state
 
@@ -133,7 +173,10 @@ class Checkpointer:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         self.store.publish(step, staging, [CHECKPOINT_FILE, MANIFEST_FILE])
-        self.store.put(LATEST_FILE, _json({"step": step, "path": f"step-{step}"}))
+        pointer = _json({"step": step, "path": f"step-{step}"})
+        self.store.put(LATEST_FILE, pointer)
+        if self.store.get(LATEST_FILE) != pointer:  # read back: a store may acknowledge and lose it
+            raise OSError(f"{self.store.uri}/{LATEST_FILE} does not read back as written")
         self._apply_retention(step)
         return SavedCheckpoint(step, self.store.location(step), size, time.perf_counter() - started)
 

@@ -82,6 +82,11 @@ class S3Store(CheckpointStore):
         except BotoCoreError as error:
             raise ConfigError("checkpoint.uri", self.uri, f"S3 probe failed ({error})") from None
 
+    def clean_staging(self, scratch: Path) -> None:
+        """Staging is on local disk; an interrupted write leaves at most an unreferenced
+        step folder in the bucket, which the next save of that step replaces."""
+        shutil.rmtree(scratch / "staging", ignore_errors=True)
+
     def staging(self, step: int, scratch: Path) -> Path:
         folder = scratch / "staging" / f"step-{step}-{uuid.uuid4().hex[:8]}"
         folder.mkdir(parents=True)

@@ -26,8 +26,12 @@ class CheckpointStore(ABC):
 
     @abstractmethod
     def prepare(self) -> None:
-        """Fail now, before training, if checkpoints could not be written; clear leftovers
-        of writes that a crash interrupted."""
+        """Fail now, before training, if checkpoints could not be written (a probe write)."""
+
+    @abstractmethod
+    def clean_staging(self, scratch: Path) -> None:
+        """Remove what writes that a crash interrupted left behind; rank 0 calls it at
+        start, when no write of this job can be in flight."""
 
     @abstractmethod
     def staging(self, step: int, scratch: Path) -> Path:
@@ -88,6 +92,8 @@ class LocalStore(CheckpointStore):
             probe.unlink()
         except OSError as error:
             raise ConfigError("checkpoint.uri", self.uri, f"not writable ({error.strerror})") from None
+
+    def clean_staging(self, scratch: Path) -> None:
         for leftover in self.root.glob(".step-*"):
             shutil.rmtree(leftover, ignore_errors=True)
 

@@ -1,0 +1,107 @@
+"""`ddp-launch`, what each pod runs: the config checked before torchrun, the rendezvous host
+waited for, and the pods' name resolution that `ddp-ops local` gives them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import process_env
+
+from operator_scripts.local import HostsTable, LocalError, check_sandbox, sandbox_command
+from trainer.launch import parse_args, rendezvous_host, trainer_arguments
+
+TRAINER = ["-m", "trainer", "--config", "digits", "--set", "train.epochs=1"]
+
+
+def test_options_and_the_trainers_arguments_are_split_at_the_double_dash():
+    options, torchrun = parse_args(["--rendezvous-wait", "30", "--", "--nnodes=2", *TRAINER])
+    assert (options.rendezvous_wait, options.relaunches) == (30, 3)
+    assert trainer_arguments(torchrun) == TRAINER[2:]
+    assert trainer_arguments(["--standalone", "script.py"]) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        ([], {"PET_RDZV_ENDPOINT": "job-worker-0:23456"}, ("job-worker-0", "23456")),
+        (["--rdzv-endpoint=other:1"], {"PET_RDZV_ENDPOINT": "job-worker-0:23456"}, ("other", "1")),
+        (["--rdzv_endpoint", "other"], {}, ("other", "29400")),
+        (["--standalone"], {"PET_RDZV_ENDPOINT": "job-worker-0:23456"}, None),
+        ([], {"PET_RDZV_ENDPOINT": "localhost:23456"}, None),
+        ([], {"PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456", "PET_NODE_RANK": "1"},
+         ("job-master-0", "23456")),
+        ([], {"PET_MASTER_ADDR": "job-master-0", "PET_NODE_RANK": "0"}, None),
+    ],
+)  # fmt: skip
+def test_the_host_a_pod_waits_for(args, env, expected):
+    assert rendezvous_host(args, env) == expected
+
+
+def launch(*args: str, cwd, env: dict | None = None, prefix: list[str] = (), timeout: float = 60):
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "trainer.launch", *args],
+        cwd=cwd,
+        env=process_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_a_bad_config_exits_2_in_one_line_before_torchrun_starts(tmp_path):
+    started = time.monotonic()
+    done = launch("--", "--standalone", *TRAINER, "--set", "train.batch_size=0", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "trainer: error: train.batch_size=0: must be greater than 0"
+    assert time.monotonic() - started < 30
+
+
+def test_an_unwritable_checkpoint_folder_exits_2_in_one_line(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    done = launch("--", "--standalone", *TRAINER, "--set", f"checkpoint.uri={blocked}/run", cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert done.stderr.startswith(f"trainer: error: checkpoint.uri='{blocked}/run': not writable")
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    table = HostsTable(tmp_path / "etc-hosts")
+    try:
+        check_sandbox(table)
+    except LocalError as error:
+        pytest.skip(str(error))
+    return table
+
+
+def resolves(hosts: HostsTable, name: str) -> bool:
+    code = f"import socket; socket.getaddrinfo({name!r}, 1)"
+    return subprocess.run([*sandbox_command("pod-a", hosts), sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_pods_name_resolves_only_while_it_is_in_the_table(hosts):
+    """The sandbox's /etc/hosts is the job's table and nothing else is asked (no DNS)."""
+    assert not resolves(hosts, "job-worker-0")
+    hosts.set("job-worker-0", "127.0.0.2")
+    assert resolves(hosts, "job-worker-0")
+    hosts.set("job-worker-0", None)
+    assert not resolves(hosts, "job-worker-0")
+    hostname = subprocess.run(
+        [*sandbox_command("job-worker-1", hosts), "hostname"], capture_output=True, text=True
+    )
+    assert hostname.stdout.strip() == "job-worker-1"
+
+
+def test_a_pod_waits_for_the_host_in_one_line_then_gives_up(hosts, tmp_path):
+    done = launch(
+        "--rendezvous-wait", "2", "--", *TRAINER,
+        env={"PET_RDZV_ENDPOINT": "job-worker-0:23456", "PET_NNODES": "2:2", "HOME": str(tmp_path)},
+        prefix=sandbox_command("job-worker-1", hosts), cwd=tmp_path,
+    )  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1, done.stderr
+    assert len(lines) == 2 and "waiting for the rendezvous host job-worker-0:23456" in lines[0]
+    assert "did not resolve within 2s" in lines[1]

@@ -1,0 +1,132 @@
+"""The damage matrix: a pointer or a step broken in each way a crash, an operator or a
+storage fault can break it, on a real directory and on moto's S3 server. Every case resumes
+from the newest intact step, naming what it skipped, or refuses in one line; none goes back
+to step 0 over intact steps."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+
+import pytest
+import torch
+
+from trainer.checkpoint import Checkpointer, CheckpointError, LocalStore, open_store
+from trainer.config import CheckpointConfig
+
+
+class Files:
+    """Raw access to a store's files, behind the checkpointer's back."""
+
+    def __init__(self, checkpointer: Checkpointer, bucket=None, prefix: str = "") -> None:
+        self.checkpointer, self.bucket, self.prefix = checkpointer, bucket, prefix
+
+    def write(self, name: str, data: bytes) -> None:
+        if self.bucket is None:
+            (self.checkpointer.store.root / name).write_bytes(data)
+        else:
+            self.bucket.client.put_object(Bucket=self.bucket.name, Key=f"{self.prefix}/{name}", Body=data)
+
+    def read(self, name: str) -> bytes:
+        return self.checkpointer.store.get(name)
+
+    def delete(self, name: str) -> None:
+        if self.bucket is None:
+            (self.checkpointer.store.root / name).unlink()
+        else:
+            self.bucket.client.delete_object(Bucket=self.bucket.name, Key=f"{self.prefix}/{name}")
+
+
+@pytest.fixture(params=["local", "s3"])
+def saved(request, tmp_path) -> Files:
+    """Steps 2, 4 and 6 saved and named in latest.json."""
+    if request.param == "local":
+        checkpointer = Checkpointer(LocalStore(tmp_path / "store"), keep_last=0, cache=tmp_path / "cache")
+        files = Files(checkpointer)
+    else:
+        bucket = request.getfixturevalue("s3_bucket")
+        store = open_store(CheckpointConfig(uri=bucket.uri("damage")))
+        checkpointer = Checkpointer(store, keep_last=0, cache=tmp_path / "cache")
+        files = Files(checkpointer, bucket, "damage")
+    checkpointer.store.prepare()
+    for step in (2, 4, 6):
+        state = {"model": {"weight": torch.full((64,), float(step))}, "progress": {"step": step}}
+        checkpointer.save(state, step=step, epoch=0, world_size=1)
+    return files
+
+
+def garbage_vouched_for(files: Files) -> None:
+    """Bytes that match the manifest's sha256 but are no checkpoint."""
+    junk = b"not a checkpoint " * 64
+    manifest = json.loads(files.read("step-6/manifest.json"))
+    manifest.update(sha256=hashlib.sha256(junk).hexdigest(), bytes=len(junk))
+    files.write("step-6/checkpoint.pt", junk)
+    files.write("step-6/manifest.json", json.dumps(manifest).encode())
+
+
+DAMAGE = {
+    "latest.json deleted": (lambda f: f.delete("latest.json"), 6, ""),
+    "latest.json garbled": (lambda f: f.write("latest.json", b"{not json"), 6, "latest.json is unreadable"),
+    "latest.json names a missing step": (
+        lambda f: f.write("latest.json", b'{"step": 99, "path": "step-99"}'), 6,
+        "names step 99, which is not there",
+    ),
+    "latest.json stale": (
+        lambda f: f.write("latest.json", b'{"step": 2, "path": "step-2"}'), 6, "latest.json names step 2"
+    ),
+    "newest manifest garbled": (
+        lambda f: f.write("step-6/manifest.json", b"\x00garbled"), 4, "step 6 in .* has a damaged manifest"
+    ),
+    "newest object truncated": (
+        lambda f: f.write("step-6/checkpoint.pt", f.read("step-6/checkpoint.pt")[:100]), 4,
+        "step 6 in .* fails its sha256 check",
+    ),
+    "newest object vouched-for garbage": (garbage_vouched_for, 4, "step 6 does not load"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", DAMAGE)
+def test_resume_from_the_newest_intact_step(saved, case, caplog):
+    damage, expected, warning = DAMAGE[case]
+    damage(saved)
+    with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
+        step = saved.checkpointer.find_resumable()
+    assert step == expected
+    assert torch.equal(saved.checkpointer.load(step)["model"]["weight"], torch.full((64,), float(expected)))
+    if warning:
+        assert re.search(warning, caplog.text), caplog.text
+
+
+def test_nothing_intact_is_refused_rather_than_overwritten_from_step_0(saved):
+    for step in (2, 4, 6):
+        saved.write(f"step-{step}/manifest.json", b"garbled")
+    with pytest.raises(CheckpointError) as refused:
+        saved.checkpointer.find_resumable()
+    message = str(refused.value)
+    assert "holds steps 2, 4, 6 but none is intact" in message and "\n" not in message
+    assert "refusing to train from step 0 over them" in message
+
+
+def test_latest_json_is_read_back_after_writing(tmp_path):
+    class LosesWrites(LocalStore):
+        def put(self, name: str, data: bytes) -> None:
+            super().put(name, data.replace(b'"step": 3', b'"step": 2'))
+
+    checkpointer = Checkpointer(LosesWrites(tmp_path), keep_last=0, cache=tmp_path / "cache")
+    checkpointer.store.prepare()
+    checkpointer.save({"model": {}}, step=2, epoch=0, world_size=1)
+    with pytest.raises(OSError, match="does not read back as written"):
+        checkpointer.save({"model": {}}, step=3, epoch=0, world_size=1)
+
+
+def test_a_loaded_state_is_not_read_twice(tmp_path):
+    checkpointer = Checkpointer(LocalStore(tmp_path), keep_last=0, cache=tmp_path / "cache")
+    checkpointer.store.prepare()
+    checkpointer.save({"model": {"w": torch.ones(2)}}, step=1, epoch=0, world_size=1)
+    assert checkpointer.find_resumable() == 1
+    (tmp_path / "step-1" / "checkpoint.pt").unlink()  # what find_resumable loaded is kept
+    assert torch.equal(checkpointer.load(1)["model"]["w"], torch.ones(2))
+    with pytest.raises(CheckpointError, match="not readable on this node"):
+        checkpointer.load(1)

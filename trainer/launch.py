@@ -1,0 +1,207 @@
+"""`ddp-launch [OPTIONS] -- TORCHRUN_ARGS`: what each pod runs instead of bare torchrun.
+
+On a cluster three things go wrong with torchrun alone, and this wrapper owns them:
+- A bad configuration would be retried: by torchrun (`maxRestarts` rounds, each waiting for
+  a stuck peer) and then by the pod's restarts. So the trainer's configuration and its
+  checkpoint location are checked here first; an error is one line and exit 2, which the
+  chart's `restartPolicy: ExitCode` treats as permanent (1-127: pkg/util/train/train_util.go:24-26
+  in training-operator v1.9.4). An error the trainer can only see later (a checkpoint of
+  another model, say) is reported by the trainer in a file this wrapper watches: it stops
+  torchrun at once and exits 2 as well.
+- The rendezvous host (worker-0) has a DNS name only once its pod is Ready
+  (common/service.go:229-244): while it pulls a 5 GB image or waits for a node, torchrun on
+  the other pods cannot resolve it and exits after about 104 s, spending restarts. So a pod
+  that is not the host first waits for the host's name, for up to `--rendezvous-wait`
+  seconds, logging one line; waiting costs no restart.
+- torchrun exits when the host's pod dies (the store lives there). Pods re-created under
+  ExitCode do not count against backoffLimit (each new pod starts at restartCount 0), so the
+  bound is here: after a failed torchrun the wrapper waits for the host again and starts a
+  new torchrun, at most `--relaunches` times, then exits 1 (permanent).
+SIGTERM and SIGINT go to torchrun, which forwards them to the workers; the exit code is
+then torchrun's (143 after SIGTERM: retryable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+from trainer.checkpoint import open_store
+from trainer.cli import EXIT_CONFIG_ERROR, FATAL_FILE_ENV, validate
+from trainer.config import ConfigError
+
+EXIT_GAVE_UP = 1
+POLL_S = 0.2
+# set wherever this project starts torchrun: a restart then makes a fresh store instead of
+# reusing the rendezvous one, which hung or refused connections in 3 of 7 local
+# kill-and-restart trials (shared/reference/FACTS.md)
+RDZV_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The wrapper's own options, and torchrun's arguments after `--`."""
+    argv = list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(prog="ddp-launch", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--rendezvous-wait", type=float, default=900, metavar="S",
+        help="seconds to wait for the rendezvous host's name to resolve (default 900)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--relaunches", type=int, default=3, metavar="N",
+        help="new torchrun runs after a failed one, each after waiting for the host (default 3)",
+    )  # fmt: skip
+    options = parser.parse_args(argv[:split])
+    if options.rendezvous_wait < 0 or options.relaunches < 0:
+        parser.error("--rendezvous-wait and --relaunches must not be negative")
+    return options, argv[split + 1 :]
+
+
+def trainer_arguments(torchrun_args: Sequence[str]) -> list[str]:
+    """The trainer's own arguments: what follows `-m trainer` in torchrun's command line."""
+    args = list(torchrun_args)
+    for index in range(len(args) - 1):
+        if args[index] in ("-m", "--module") and args[index + 1] == "trainer":
+            return args[index + 2 :]
+    return []
+
+
+def _option(args: Sequence[str], names: Sequence[str]) -> str | None:
+    """A torchrun option's value from its command line (`--x v` or `--x=v`, dashes or underscores)."""
+    wanted = {name.replace("_", "-") for name in names}
+    for index, arg in enumerate(args):
+        key, _, value = arg.partition("=")
+        if key.replace("_", "-") in wanted:
+            return value or (args[index + 1] if index + 1 < len(args) else None)
+    return None
+
+
+def rendezvous_host(torchrun_args: Sequence[str], env: dict[str, str]) -> tuple[str, str] | None:
+    """The host (and port) this pod must reach before torchrun can start: the c10d endpoint
+    in elastic mode, the Master's address in static mode; None when it is this pod or a
+    standalone run. torchrun reads `--foo` from PET_FOO; the command line wins."""
+    if "--standalone" in torchrun_args or env.get("PET_STANDALONE") is not None:
+        return None
+    endpoint = _option(torchrun_args, ["--rdzv-endpoint"]) or env.get("PET_RDZV_ENDPOINT")
+    if endpoint:
+        host, _, port = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "29400")
+        return None if _is_this_host(host) else (host, port)
+    node_rank = _option(torchrun_args, ["--node-rank"]) or env.get("PET_NODE_RANK", "0")
+    master = _option(torchrun_args, ["--master-addr"]) or env.get("PET_MASTER_ADDR")
+    if master and node_rank != "0" and not _is_this_host(master):
+        return master, _option(torchrun_args, ["--master-port"]) or env.get("PET_MASTER_PORT", "29500")
+    return None
+
+
+def _is_this_host(host: str) -> bool:
+    return host in ("localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn())
+
+
+def wait_for_host(host: str, port: str, timeout: float, stopping: list[bool]) -> bool:
+    """Block until `host` resolves; one line if it does not at once. False on timeout."""
+    deadline = time.monotonic() + timeout
+    announced = False
+    while not stopping:
+        try:
+            socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
+            if announced:
+                _say(f"rendezvous host {host} resolves; starting torchrun")
+            return True
+        except OSError:
+            pass
+        if not announced:
+            _say(
+                f"waiting for the rendezvous host {host}:{port}: its name resolves once its pod "
+                f"runs (an image pull or a node scale-up), up to {timeout:.0f}s"
+            )
+            announced = True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(1.0)
+    return False
+
+
+def _say(line: str) -> None:
+    print(f"ddp-launch: {line}", file=sys.stderr, flush=True)
+
+
+def _kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL torchrun and its workers (they run in sessions of their own)."""
+    try:
+        tree = [psutil.Process(process.pid)]
+        tree += tree[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for member in tree:
+        try:
+            member.kill()
+        except psutil.NoSuchProcess:
+            continue
+    process.wait()
+
+
+def run_torchrun(torchrun_args: Sequence[str], fatal_file: Path, stopping: list[bool]) -> int:
+    """One torchrun, signals forwarded; stopped at once when a worker reports a fatal error."""
+    env = {**RDZV_ENV, **os.environ, FATAL_FILE_ENV: str(fatal_file)}
+    process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *torchrun_args], env=env)
+
+    def forward(signum: int, frame: object) -> None:
+        stopping.append(True)
+        process.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while (code := process.poll()) is None:
+            if fatal_file.exists() and not stopping:
+                _kill_tree(process)
+                return EXIT_CONFIG_ERROR
+            time.sleep(POLL_S)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options, torchrun_args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        _, config = validate(trainer_arguments(torchrun_args))
+        open_store(config.checkpoint).prepare()
+    except ConfigError as error:
+        print(f"trainer: error: {error}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG_ERROR
+    stopping: list[bool] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):  # while waiting: leave at once
+        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
+    target = rendezvous_host(torchrun_args, dict(os.environ))
+    fatal_file = Path(tempfile.gettempdir()) / f"ddp-launch-{os.getpid()}.fatal"
+    code = 0
+    for attempt in range(options.relaunches + 1):
+        if target and not wait_for_host(*target, options.rendezvous_wait, stopping):
+            _say(
+                f"error: rendezvous host {target[0]} did not resolve within {options.rendezvous_wait:.0f}s; "
+                "check that its pod is scheduled (kubectl describe pod)"
+            )
+            return EXIT_GAVE_UP
+        fatal_file.unlink(missing_ok=True)
+        code = run_torchrun(torchrun_args, fatal_file, stopping)
+        if code in (0, EXIT_CONFIG_ERROR) or stopping:
+            return code
+        if attempt < options.relaunches:
+            _say(f"torchrun exited with code {code}; relaunch {attempt + 1} of {options.relaunches}")
+    _say(f"error: torchrun failed {options.relaunches + 1} times (last exit code {code}); giving up")
+    return EXIT_GAVE_UP
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
