@@ -74,7 +74,7 @@ def main() -> None:
     config, log_every = parse_baseline_args(__doc__)
     # the trainer's own group setup and teardown: exits must not abort the measurement
     context = read_env()
-    with process_group(context, torch.device("cpu")):
+    with process_group(context, torch.device("cpu"), timeout_s=600):
         report = train(config, log_every)
     if context.is_main:
         print(report)

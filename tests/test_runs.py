@@ -196,12 +196,30 @@ def test_incompatible_checkpoint_is_a_clear_error(workdir):
     first = run_trainer([*QUICK, "--set", "train.max_steps=5"], workdir)
     assert first.returncode == 0, first.stderr[-3000:]
     saved = sorted((workdir / "checkpoints" / "digits").rglob("*"))
-    second = run_trainer([*QUICK, "--set", "train.max_steps=10,model.name=mlp"], workdir)
-    assert second.returncode == 2
-    last = second.stderr.strip().splitlines()[-1]
-    assert "step 5 holds a different model than model.name=mlp" in last
-    assert "Traceback" not in second.stderr
-    assert sorted((workdir / "checkpoints" / "digits").rglob("*")) == saved
+    for change, saved_value in {"model.name": "'cnn'", "optim.name": "'adamw'", "model.width": "32"}.items():
+        value = {"model.name": "mlp", "optim.name": "sgd", "model.width": "16"}[change]
+        second = run_trainer([*QUICK, "--set", f"train.max_steps=10,{change}={value}"], workdir)
+        assert second.returncode == 2
+        (line,) = second.stderr.strip().splitlines()
+        assert line.startswith(f"trainer: error: {change}=")
+        assert f"step 5 in checkpoints/digits was trained with {change}={saved_value}" in line
+        assert line.endswith(f"resume with {change}={saved_value}, or start over in another checkpoint.uri")
+        assert sorted((workdir / "checkpoints" / "digits").rglob("*")) == saved
+
+
+def test_changed_settings_on_resume_are_applied_and_reported(workdir):
+    first = run_trainer([*QUICK, "--set", "train.max_steps=5,log.format=json"], workdir)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_trainer([*QUICK, "--set", "train.max_steps=8,optim.lr=0.004,log.format=json"], workdir)
+    assert second.returncode == 0, second.stderr[-3000:]
+    records = [json.loads(line) for line in second.stdout.splitlines() if line.startswith("{")]
+    notes = [r["message"] for r in records if r.get("event") == "resume_change"]
+    assert notes == [
+        "changed since step 5, applied: train.max_steps 5 -> 8",
+        "changed since step 5, applied: optim.lr 0.002 -> 0.004",
+    ]
+    plan = next(r for r in records if r.get("event") == "start")
+    assert plan["total_steps"] == 8 and plan["lr"] == 0.004 * 32 / 64
 
 
 def test_early_stopping_ends_the_run_and_a_restart_only_tests(workdir):

@@ -286,6 +286,7 @@ def test_world_size_two_then_one_covers_the_interrupted_epoch_once(s3_bucket, wo
         "epoch": 2,
         "epoch_position": 0,
         "stopped_early": False,
+        "samples": 25 * 64 + 27 * 32,
     }
 
 

@@ -134,7 +134,7 @@ def train(config: Config, context: DistContext) -> int:
     prepare_multiprocess_dir(config.metrics, context)
     metrics = start_metrics(config.metrics, context, run_info(config, context), device, logger)
     try:
-        with process_group(context, device):
+        with process_group(context, device, config.dist.timeout_s):
             try:
                 Trainer(config, context, device, splits, module, checkpointer, logger, metrics).run()
             except ConfigError as error:

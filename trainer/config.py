@@ -160,6 +160,15 @@ class MetricsConfig:
 
 
 @dataclass(config=_SECTION)
+class DistConfig:
+    """The process group. `timeout_s` bounds every collective (torch's defaults are 10 min for
+    NCCL and 30 for gloo); phases where rank 0 works alone while its peers wait in one
+    (resume downloads, waiting for a checkpoint write) are bounded at half of it."""
+
+    timeout_s: Annotated[float, Field(ge=10)] = 600.0
+
+
+@dataclass(config=_SECTION)
 class LogConfig:
     """Rank-0 progress log: text for humans or JSON lines for machines."""
 
@@ -177,6 +186,7 @@ class Config:
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
+    dist: DistConfig = dataclasses.field(default_factory=DistConfig)
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
     seed: NonNegativeInt = 0
 

@@ -12,6 +12,7 @@ import socket
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -82,13 +83,15 @@ def select_device(requested: str, context: DistContext) -> torch.device:
 
 
 @contextmanager
-def process_group(context: DistContext, device: torch.device) -> Iterator[None]:
-    """nccl on CUDA, gloo on CPU; a one-process group in memory when torchrun is absent."""
+def process_group(context: DistContext, device: torch.device, timeout_s: float) -> Iterator[None]:
+    """nccl on CUDA, gloo on CPU; a one-process group in memory when torchrun is absent.
+    Every collective gives up after `timeout_s` rather than torch's 10 or 30 minutes."""
     backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = timedelta(seconds=timeout_s)
     if context.launched_by_torchrun:
-        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None, timeout=timeout)
     else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     yield
     # Only on success: tearing down while a failed peer is mid-collective can hang. DDP's
     # reference cycles hold the group; freeing them first lets its threads be joined now
@@ -104,6 +107,13 @@ def broadcast_flag(value: bool, device: torch.device) -> bool:
     flag = torch.tensor([1 if value else 0], device=device)
     dist.broadcast(flag, src=0)
     return bool(flag.item())
+
+
+def broadcast_object(value: object) -> object:
+    """Rank 0's picklable value (a step, or an error to raise everywhere), seen by every rank."""
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
 
 
 def broadcast_int(value: int, device: torch.device) -> int:

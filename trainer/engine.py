@@ -21,26 +21,30 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from trainer.checkpoint import Checkpointer, CheckpointError, CheckpointWriter, rng
-from trainer.config import Config, ConfigError, TrainConfig, to_tree
+from trainer.config import Config, ConfigError, TrainConfig, from_tree, to_tree
 from trainer.data import DataSplits, eval_loader, train_loader
-from trainer.distributed import DistContext, broadcast_flag, broadcast_int
+from trainer.distributed import DistContext, broadcast_flag
 from trainer.early_stopping import EarlyStopping
 from trainer.evaluate import evaluate
 from trainer.log import event
 from trainer.metrics import Metrics, peak_flops
-from trainer.optim import batch_math, build_optimizer, build_scheduler
+from trainer.optim import LRSchedule, apply_hyperparameters, batch_math, build_optimizer
+from trainer.resume import agree_on_step, config_changes, load_everywhere
 from trainer.step import autocast_for, train_step
 from trainer.straggler import BackwardClock, straggler_lag
 
 
 @dataclass
 class Progress:
-    """Where training stands; `epoch_position` counts global samples consumed this epoch."""
+    """Where training stands. `samples` counts global samples trained on, `epoch_position`
+    those consumed this epoch: the schedule and the epoch's remainder derive from them, so
+    they hold at any world size; `step` counts optimizer steps, whatever their size."""
 
     step: int = 0
     epoch: int = 0
     epoch_position: int = 0
     stopped_early: bool = False
+    samples: int = 0
 
 
 class Window:
@@ -145,9 +149,10 @@ class Trainer:
         )
         self.sampler = self.loader.sampler
         self.steps_per_epoch = steps_per_epoch(len(splits.train), config.train, context.world_size)
-        epoch_steps = config.train.epochs * self.steps_per_epoch
-        self.total_steps = min(config.train.max_steps, epoch_steps) if config.train.max_steps else epoch_steps
-        self.scheduler = build_scheduler(self.optimizer, config.optim, self.total_steps)
+        self.total_steps = 0  # planned after the resume, from where the run stands
+        self.schedule: LRSchedule | None = None
+        self.lr = self.math.lr
+        self.resume_notes: list[str] = []
         self.stopper = EarlyStopping(config.train.early_stopping)
         self.progress = Progress()
         self.resumed_from: int | None = None
@@ -173,6 +178,7 @@ class Trainer:
 
     def _run(self) -> dict[str, Any]:
         self._restore()
+        self._plan()
         self.model = DistributedDataParallel(
             self.module, device_ids=[self.device.index] if self.device.type == "cuda" else None
         )
@@ -258,6 +264,8 @@ class Trainer:
             **fields,
         )
         event(self.log, "batch_math", self.math.describe(), **self.math.as_fields())
+        for note in self.resume_notes:
+            event(self.log, "resume_change", note)
         event(
             self.log,
             "plan",
@@ -289,11 +297,19 @@ class Trainer:
         progress, train = self.progress, self.config.train
         self.sampler.set_epoch(progress.epoch)
         self.sampler.resume_at(progress.epoch_position)
+        steps = self._steps_left_in_epoch()
+        if steps == 0:  # no full global batch left: a resume at more ranks near the epoch's end
+            with window.excluding():
+                self._end_epoch()
+            if self._finished():
+                with window.excluding(checkpoint=True):
+                    self._save()
+            return
         batches = iter(self.loader)
         samples_per_step = self.math.global_batch
         samples_per_rank = train.batch_size * train.grad_accum_steps
         tokens_per_rank = samples_per_rank * self.splits.spec.tokens_per_sample
-        while True:
+        for index in range(steps):
             started = time.perf_counter()
             micro_batches = [next(batches) for _ in range(train.grad_accum_steps)]
             fetched = time.perf_counter()
@@ -305,7 +321,10 @@ class Trainer:
                 amp=train.amp,
                 clip_grad_norm=train.clip_grad_norm,
             )
-            self.scheduler.step()
+            progress.step += 1
+            progress.epoch_position += samples_per_step
+            progress.samples += samples_per_step
+            self.lr = self.schedule.apply(self.optimizer, progress.samples)
             ended = time.perf_counter()
             waited = fetched - started
             communication = result.synced_at - (self.clock.take() or result.synced_at)
@@ -320,14 +339,12 @@ class Trainer:
             )
             if result.grad_norm is not None:
                 self.grad_norm = result.grad_norm
-            progress.step += 1
-            progress.epoch_position += samples_per_step
             window.add(result.loss, waited, compute, communication)
             bar.update(1)
             self._report_progress()
             if progress.step % self.config.log.every_steps == 0 or progress.step == self.total_steps:
                 self._gather_progress(window)
-            epoch_done = progress.epoch_position + samples_per_step > self.sampler.total_size
+            epoch_done = index == steps - 1
             if epoch_done:
                 self._report_progress()
                 with window.excluding():
@@ -340,6 +357,28 @@ class Trainer:
                     self._save()
             if epoch_done or finished:
                 return
+
+    def _steps_left_in_epoch(self) -> int:
+        """Full optimizer steps left in the sampler's epoch, at this world size."""
+        return len(self.sampler) // (self.config.train.batch_size * self.config.train.grad_accum_steps)
+
+    def _plan(self) -> None:
+        """The step the run will end at and its LR schedule, from where it stands at this world
+        size: what is left of this epoch, the epochs after it, `train.max_steps`."""
+        progress, train = self.progress, self.config.train
+        left = 0
+        if not progress.stopped_early and progress.epoch < train.epochs:
+            self.sampler.set_epoch(progress.epoch)
+            self.sampler.resume_at(progress.epoch_position)
+            left = self._steps_left_in_epoch() + (train.epochs - progress.epoch - 1) * self.steps_per_epoch
+        end = progress.step + left
+        if train.max_steps:
+            end = min(end, max(train.max_steps, progress.step))
+        self.total_steps = end
+        batch = self.math.global_batch
+        total_samples = progress.samples + (end - progress.step) * batch
+        self.schedule = LRSchedule(self.math.lr, batch, total_samples, self.config.optim)
+        self.lr = self.schedule.apply(self.optimizer, progress.samples)
 
     def _finished(self) -> bool:
         """Done by steps, by epochs or by early stopping; derived, so a resumed run with a
@@ -369,7 +408,7 @@ class Trainer:
             steps=window.steps,
             elapsed=window.training_seconds,
             checkpoint=window.checkpoint,
-            lr=self.scheduler.get_last_lr()[0],
+            lr=self.lr,
             grad_norm=self.grad_norm,
         )
         window.reset()
@@ -491,7 +530,6 @@ class Trainer:
         state = {
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "progress": asdict(self.progress),
             "early_stopping": self.stopper.state_dict(),
@@ -504,39 +542,46 @@ class Trainer:
         )
 
     def _restore(self) -> None:
-        """Rank 0 picks the newest intact step; every rank loads it (model, optimizer,
-        schedule, scaler, progress and its own RNG stream)."""
-        found = self.checkpointer.find_resumable() if self.context.is_main else None
-        step = broadcast_int(-1 if found is None else found, self.device)
-        if step < 0:
+        """Agree on the newest intact step and load it on every rank: model, optimizer,
+        scaler, early stopping, progress and each rank's RNG streams. The LR is not restored
+        but derived (`_plan`); changed settings are applied and reported, or refused."""
+        budget = self.config.dist.timeout_s / 2
+        step = agree_on_step(self.checkpointer, self.context, budget)
+        if step is None:
             return
-        if self.context.is_node_main and not self.context.is_main:
-            self.checkpointer.fetch_verified(step)  # one download per node
-        dist.barrier()
-        state = self.checkpointer.load(step)
-        dist.barrier()
-        if self.context.is_node_main:
-            self.checkpointer.release(step)
+        state = load_everywhere(self.checkpointer, self.context, step, budget)
+        uri = self.checkpointer.store.uri
+        changes = config_changes(state["config"], self.config, step, uri)
         try:
             self.module.load_state_dict(state["model"])
         except RuntimeError as error:
             detail = str(error).splitlines()[1].strip() if "\n" in str(error) else str(error)
             raise CheckpointError(
                 "checkpoint.uri",
-                self.checkpointer.store.uri,
+                uri,
                 f"step {step} holds a different model than model.name={self.config.model.name} ({detail})",
             ) from None
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        apply_hyperparameters(self.optimizer, self.config.optim)
         self.scaler.load_state_dict(state["scaler"])
         self.stopper.load_state_dict(state["early_stopping"])
-        self.progress = Progress(**state["progress"])
+        saved_config = from_tree(state["config"])
+        saved = batch_math(saved_config.train, saved_config.optim, state["world_size"])
+        progress = {"samples": state["progress"]["step"] * saved.global_batch, **state["progress"]}
+        self.progress = Progress(**progress)
         if state["world_size"] == self.context.world_size:
             rng.restore(state["rng"][self.context.rank])
         else:
             rng.seed_everything(self.config.seed + 1_000_003 * (step + 1) + self.context.rank)
         self.resumed_from = self.writer.stats.last_success_step = step
         self.checkpointer.protected.add(step)
+        self.resume_notes = [f"changed since step {step}, applied: {change}" for change in changes]
+        if saved.global_batch != self.math.global_batch:
+            self.resume_notes.append(
+                f"step {step} was saved at world size {saved.world_size}, global batch "
+                f"{saved.global_batch}, lr {saved.lr:.6g}; this run trains at world size "
+                f"{self.context.world_size}, global batch {self.math.global_batch}, lr {self.math.lr:.6g}"
+            )
 
 
 def steps_per_epoch(train_samples: int, train: TrainConfig, world_size: int) -> int:

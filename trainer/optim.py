@@ -7,7 +7,6 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
 
 from trainer.config import OptimConfig, TrainConfig
 
@@ -65,7 +64,7 @@ def build_optimizer(model: nn.Module, config: OptimConfig, lr: float) -> torch.o
     return torch.optim.AdamW(params, lr=lr, betas=tuple(config.betas), weight_decay=config.weight_decay)
 
 
-def lr_factor(step: int, total_steps: int, config: OptimConfig) -> float:
+def lr_factor(step: float, total_steps: float, config: OptimConfig) -> float:
     """Multiplier of the peak LR for the update after `step` completed steps:
     linear warmup to 1, then cosine to `min_lr_ratio`, step decay, or constant."""
     if step < config.warmup_steps:
@@ -80,5 +79,38 @@ def lr_factor(step: int, total_steps: int, config: OptimConfig) -> float:
     return 1.0
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int) -> LambdaLR:
-    return LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, config))
+@dataclass(frozen=True)
+class LRSchedule:
+    """The LR after `samples` global samples: the peak LR scaled for this run's global batch,
+    times the warmup-then-decay factor at the equivalent step (samples / global batch).
+
+    Progress is counted in samples and the LR is derived, never restored, so a run resumed
+    at another world size trains at the LR of its own global batch and continues the same
+    curve; the optimizer's saved param-group LRs are overwritten on every step."""
+
+    peak_lr: float
+    global_batch: int
+    total_samples: int
+    config: OptimConfig
+
+    def lr_at(self, samples: int) -> float:
+        steps, total = samples / self.global_batch, self.total_samples / self.global_batch
+        return self.peak_lr * lr_factor(steps, total, self.config)
+
+    def apply(self, optimizer: torch.optim.Optimizer, samples: int) -> float:
+        """Set the LR for the next update; returns it."""
+        lr = self.lr_at(samples)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+
+def apply_hyperparameters(optimizer: torch.optim.Optimizer, config: OptimConfig) -> None:
+    """The config's weight decay, betas or momentum over what a loaded optimizer state holds,
+    so that a changed value takes effect on resume."""
+    for group in optimizer.param_groups:
+        group["weight_decay"] = config.weight_decay
+        if "betas" in group:
+            group["betas"] = tuple(config.betas)
+        if "momentum" in group:
+            group["momentum"] = config.momentum

@@ -66,7 +66,8 @@ def compare() -> dict[str, float]:
 
 def main() -> None:
     context = read_env()
-    with process_group(context, torch.device("cpu")):  # the trainer's teardown: no abort at exit
+    # the trainer's teardown: no abort at exit
+    with process_group(context, torch.device("cpu"), timeout_s=600):
         result = compare()
     if context.is_main:
         with open(sys.argv[1], "w") as handle:

@@ -28,10 +28,11 @@ class ResumableDistributedSampler(DistributedSampler):
         self.start_position = 0
 
     def resume_at(self, position: int) -> None:
-        """Skip the first `position` samples of this epoch's global order."""
-        if not 0 <= position <= self.total_size:
-            raise ValueError(f"resume position {position} outside epoch of {self.total_size}")
-        self.start_position = position
+        """Skip the first `position` samples of this epoch's global order. A position past
+        this world size's epoch (saved by fewer ranks, which drop fewer samples) is its end."""
+        if position < 0:
+            raise ValueError(f"resume position {position} is negative")
+        self.start_position = min(position, self.total_size)
 
     def global_order(self) -> list[int]:
         """This epoch's order over all ranks (the one DistributedSampler deals from)."""
