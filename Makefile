@@ -16,7 +16,7 @@ $(INSTALLED): pyproject.toml constraints.txt
 
 ## demo: a 2-process CPU DDP run on the bundled digits data, checkpoints in ./checkpoints/digits
 demo: $(INSTALLED)
-	$(BIN)/torchrun --standalone --nproc_per_node=2 -m trainer --config digits
+	$(BIN)/ddp-launch -- --standalone --nproc_per_node=2 -m trainer --config digits
 
 ## test: lint, then the whole suite (real torchrun processes on loopback)
 test: $(INSTALLED) lint

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from trainer.checkpoint import Checkpointer, CheckpointError, LocalStore, open_store
-from trainer.config import CheckpointConfig
+from trainer.cli import refuse_overwrite
+from trainer.config import CheckpointConfig, ConfigError, load_config
 
 
 class Files:
@@ -130,3 +131,11 @@ def test_a_loaded_state_is_not_read_twice(tmp_path):
     assert torch.equal(checkpointer.load(1)["model"]["w"], torch.ones(2))
     with pytest.raises(CheckpointError, match="not readable on this node"):
         checkpointer.load(1)
+
+
+def test_a_fresh_start_refuses_a_location_with_steps_even_without_latest_json(saved):
+    saved.delete("latest.json")
+    uri = saved.checkpointer.store.uri
+    config = load_config(None, [f"checkpoint.uri={uri},checkpoint.resume=false"])
+    with pytest.raises(ConfigError, match=r"holds checkpoints up to step 6; set checkpoint.resume=true"):
+        refuse_overwrite(config, saved.checkpointer)

@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import hashlib
 import os
-import signal
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from trainer.engine import Trainer, steps_per_epoch
 from trainer.log import setup_logging
 from trainer.metrics import prepare_multiprocess_dir, start_metrics
 from trainer.models import MODELS, build_model
+from trainer.preemption import Stopped, StopSignal
 
 EXIT_CONFIG_ERROR = 2
 # set by `ddp-launch`: a configuration error found inside a worker is written here, so that
@@ -101,12 +101,15 @@ def report(error: ConfigError, context: DistContext) -> int:
 
 def refuse_overwrite(config: Config, checkpointer: Checkpointer) -> None:
     """A fresh start must not write over checkpoints another run saved."""
-    committed = checkpointer.committed_step()
-    if not config.checkpoint.resume and committed is not None:
+    if config.checkpoint.resume:
+        return
+    steps = checkpointer.store.steps()  # not only what latest.json names: it may be gone
+    if steps or checkpointer.committed_step() is not None:
+        newest = max(steps) if steps else checkpointer.committed_step()
         raise ConfigError(
             "checkpoint.resume",
             False,
-            f"{config.checkpoint.uri} already holds checkpoints up to step {committed}; "
+            f"{config.checkpoint.uri} already holds checkpoints up to step {newest}; "
             "set checkpoint.resume=true or choose another checkpoint.uri",
         )
 
@@ -128,7 +131,8 @@ def train(config: Config, context: DistContext) -> int:
             refuse_overwrite(config, checkpointer)
     except ConfigError as error:
         return report(error, context)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    stop = StopSignal()
+    stop.install()
     rng.seed_everything(config.seed * 65537 + context.rank + 1)  # distinct dropout per rank
     device = select_device(config.train.device, context)
     prepare_multiprocess_dir(config.metrics, context)
@@ -136,9 +140,11 @@ def train(config: Config, context: DistContext) -> int:
     try:
         with process_group(context, device, config.dist.timeout_s):
             try:
-                Trainer(config, context, device, splits, module, checkpointer, logger, metrics).run()
+                Trainer(config, context, device, splits, module, checkpointer, logger, metrics, stop).run()
             except ConfigError as error:
                 return report(error, context)
+            except Stopped as stopped:  # every rank stopped together: leave together
+                return stopped.exit_code
     finally:
         metrics.close()
     return 0
@@ -154,11 +160,6 @@ def run_info(config: Config, context: DistContext) -> dict[str, str]:
         "torch_version": torch.__version__,
         "image": os.environ.get("TRAINER_IMAGE", "none"),
     }
-
-
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    """torchrun forwards SIGTERM on shutdown; unwinding lets rank 0 finish its checkpoint."""
-    raise SystemExit(128 + signum)
 
 
 @record

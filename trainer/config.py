@@ -165,7 +165,7 @@ class DistConfig:
     NCCL and 30 for gloo); phases where rank 0 works alone while its peers wait in one
     (resume downloads, waiting for a checkpoint write) are bounded at half of it."""
 
-    timeout_s: Annotated[float, Field(ge=10)] = 600.0
+    timeout_s: Annotated[float, Field(ge=10)] = 1200.0
 
 
 @dataclass(config=_SECTION)
@@ -247,9 +247,23 @@ def _error_from_pydantic(error: dict[str, Any]) -> ConfigError:
 def from_tree(tree: dict[str, Any]) -> Config:
     """Validate a plain tree into a Config, raising the first problem as a ConfigError."""
     try:
-        return _ADAPTER.validate_python(tree)
+        config = _ADAPTER.validate_python(tree)
     except ValidationError as failure:
         raise _error_from_pydantic(failure.errors()[0]) from None
+    _check_across_sections(config)
+    return config
+
+
+def _check_across_sections(config: Config) -> None:
+    """Rules that tie one section's value to another's."""
+    drain, timeout = config.checkpoint.drain_timeout_s, config.dist.timeout_s
+    if drain > timeout / 2:
+        raise ConfigError(
+            "checkpoint.drain_timeout_s",
+            drain,
+            f"must be at most half of dist.timeout_s ({timeout:g}s): the other ranks wait for the "
+            "last write in a collective",
+        )
 
 
 def to_tree(config: Config) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from trainer.evaluate import evaluate
 from trainer.log import event
 from trainer.metrics import Metrics, peak_flops
 from trainer.optim import LRSchedule, apply_hyperparameters, batch_math, build_optimizer
+from trainer.preemption import Stopped, StopSignal
 from trainer.resume import agree_on_step, config_changes, load_everywhere
 from trainer.step import autocast_for, train_step
 from trainer.straggler import BackwardClock, straggler_lag
@@ -124,9 +125,14 @@ class Trainer:
         checkpointer: Checkpointer,
         logger: logging.Logger,
         metrics: Metrics,
+        stop: StopSignal,
     ) -> None:
         self.config, self.context, self.device = config, context, device
         self.splits, self.checkpointer, self.log, self.metrics = splits, checkpointer, logger, metrics
+        self.stop = stop
+        # what rank 0 or one node may spend alone while its peers wait in a collective
+        self.solo_budget_s = config.dist.timeout_s / 2
+        self.last_saved_step: int | None = None
         self.writer = CheckpointWriter(
             checkpointer,
             background=config.checkpoint.async_save,
@@ -205,7 +211,8 @@ class Trainer:
             self._fit()
         if self.last_validated != self.progress.step:
             self._validate()
-        self.writer.wait()
+        if not self.writer.wait(self.solo_budget_s):
+            self.log.warning("the last checkpoint write is still running; testing meanwhile")
         self.metrics.checkpoints(self.writer.stats)
         self.metrics.flush()
         test = self._evaluate(self.splits.test) if len(self.splits.test) else {}
@@ -288,10 +295,41 @@ class Trainer:
             dynamic_ncols=True,
         )
         window = Window()
-        with bar, logging_redirect_tqdm(loggers=[self.log]):
-            while not self._finished():
-                self._train_epoch(bar, window)
-            self._report_progress()
+        self.stop.start_training(self.device)
+        try:
+            with bar, logging_redirect_tqdm(loggers=[self.log]):
+                while not self._finished():
+                    self._train_epoch(bar, window)
+                self._report_progress()
+        except Stopped as stopped:
+            self._save_at_stop(stopped)
+            raise
+        finally:
+            self.stop.stop_training()
+
+    def _save_at_stop(self, stopped: Stopped) -> None:
+        """Every rank stopped at this step: save it, and rank 0 waits until it is published
+        or torchrun's shutdown deadline nears. One line says which."""
+        self._report_progress()
+        step = self.progress.step
+        budget = min(self.stop.write_budget(), self.solo_budget_s)
+        if self.last_saved_step != step:
+            self._save(wait_s=budget)
+        if not self.context.is_main:
+            return
+        published = self.writer.wait(min(self.stop.write_budget(), self.solo_budget_s))
+        stats = self.writer.stats
+        during = self.stop.received_during
+        stopped_at = f"stopped by {stopped} at step {step}" + (
+            f" (signal during step {during})" if during is not None else " (a peer's signal)"
+        )
+        if published and stats.last_success_step == step:
+            location = self.checkpointer.store.location(step)
+            event(self.log, "stopped", f"{stopped_at}: saved {location}", step=step, signal_step=during)
+        else:
+            why = "its write failed" if published else "its write did not finish before the shutdown deadline"
+            newest = stats.last_success_step
+            self.log.error("%s: NOT saved (%s); the newest checkpoint is step %s", stopped_at, why, newest)
 
     def _train_epoch(self, bar: tqdm, window: Window) -> None:
         progress, train = self.progress, self.config.train
@@ -303,7 +341,7 @@ class Trainer:
                 self._end_epoch()
             if self._finished():
                 with window.excluding(checkpoint=True):
-                    self._save()
+                    self._save(wait_s=self.solo_budget_s)
             return
         batches = iter(self.loader)
         samples_per_step = self.math.global_batch
@@ -341,6 +379,7 @@ class Trainer:
                 self.grad_norm = result.grad_norm
             window.add(result.loss, waited, compute, communication)
             bar.update(1)
+            self.stop.poll(progress.step, ended - started)
             self._report_progress()
             if progress.step % self.config.log.every_steps == 0 or progress.step == self.total_steps:
                 self._gather_progress(window)
@@ -354,7 +393,7 @@ class Trainer:
             if finished or (every and progress.step % every == 0):
                 self._report_progress()
                 with window.excluding(checkpoint=True):
-                    self._save()
+                    self._save(wait_s=self.solo_budget_s)
             if epoch_done or finished:
                 return
 
@@ -521,8 +560,10 @@ class Trainer:
 
     # ----- checkpoints -------------------------------------------------------------------
 
-    def _save(self) -> None:
-        """Every rank contributes its RNG state; rank 0 alone snapshots and writes."""
+    def _save(self, wait_s: float) -> None:
+        """Every rank contributes its RNG state; rank 0 alone snapshots and writes, waiting at
+        most `wait_s` for the write before it."""
+        self.last_saved_step = self.progress.step
         rng_states = [None] * self.context.world_size if self.context.is_main else None
         dist.gather_object(rng.capture(), rng_states, dst=0)
         if not self.context.is_main:
@@ -538,7 +579,11 @@ class Trainer:
             "world_size": self.context.world_size,
         }
         self.writer.save(
-            state, step=self.progress.step, epoch=self.progress.epoch, world_size=self.context.world_size
+            state,
+            step=self.progress.step,
+            epoch=self.progress.epoch,
+            world_size=self.context.world_size,
+            wait_s=wait_s,
         )
 
     def _restore(self) -> None:

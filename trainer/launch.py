@@ -17,8 +17,9 @@ On a cluster three things go wrong with torchrun alone, and this wrapper owns th
   ExitCode do not count against backoffLimit (each new pod starts at restartCount 0), so the
   bound is here: after a failed torchrun the wrapper waits for the host again and starts a
   new torchrun, at most `--relaunches` times, then exits 1 (permanent).
-SIGTERM and SIGINT go to torchrun, which forwards them to the workers; the exit code is
-then torchrun's (143 after SIGTERM: retryable).
+SIGTERM and SIGINT go to torchrun once, as SIGTERM; it forwards it to the workers, which
+stop together and save (trainer/preemption.py). The exit code is then 128 + the signal
+(143 after SIGTERM: retryable), and torchrun's own traceback about the signal is left out.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import psutil
 
@@ -107,7 +110,7 @@ def _is_this_host(host: str) -> bool:
     return host in ("localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn())
 
 
-def wait_for_host(host: str, port: str, timeout: float, stopping: list[bool]) -> bool:
+def wait_for_host(host: str, port: str, timeout: float, stopping: list[int]) -> bool:
     """Block until `host` resolves; one line if it does not at once. False on timeout."""
     deadline = time.monotonic() + timeout
     announced = False
@@ -150,14 +153,44 @@ def _kill_tree(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def run_torchrun(torchrun_args: Sequence[str], fatal_file: Path, stopping: list[bool]) -> int:
-    """One torchrun, signals forwarded; stopped at once when a worker reports a fatal error."""
+def relay(stream: BinaryIO, stopping: list[int]) -> None:
+    """Copy torchrun's stderr (its workers' too) to ours. Once this pod is stopping, torchrun's
+    own report of the signal, a traceback ending in SignalException and its warnings about
+    closing workers, is left out: the trainer's one line says what the stop saved."""
+    held: list[bytes] = []
+    for line in iter(stream.readline, b""):
+        if stopping and (held or line.startswith(b"Traceback (most recent call last):")):
+            held.append(line)
+            if not line.startswith((b" ", b"Traceback")):  # a traceback's last line
+                if b"SignalException" not in line:
+                    sys.stderr.buffer.write(b"".join(held))
+                held = []
+            continue
+        if stopping and (b"closing signal SIG" in line or b"death signal, shutting down" in line):
+            continue
+        sys.stderr.buffer.write(line)
+        sys.stderr.buffer.flush()
+    sys.stderr.buffer.write(b"".join(held))
+    sys.stderr.buffer.flush()
+
+
+def run_torchrun(torchrun_args: Sequence[str], fatal_file: Path, stopping: list[int]) -> int:
+    """One torchrun, in a session of its own so that a terminal's Ctrl-C reaches it only
+    through us, once, as SIGTERM; stopped at once when a worker reports a fatal error."""
     env = {**RDZV_ENV, **os.environ, FATAL_FILE_ENV: str(fatal_file)}
-    process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *torchrun_args], env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", *torchrun_args],
+        env=env,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    relaying = threading.Thread(target=relay, args=(process.stderr, stopping), daemon=True)
+    relaying.start()
 
     def forward(signum: int, frame: object) -> None:
-        stopping.append(True)
-        process.send_signal(signum)
+        if not stopping:
+            stopping.append(signum)
+            process.send_signal(signal.SIGTERM)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -169,6 +202,9 @@ def run_torchrun(torchrun_args: Sequence[str], fatal_file: Path, stopping: list[
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        relaying.join(timeout=5)
+    if stopping:  # what a container stopped by that signal reports: retryable, never 0
+        return 128 + stopping[0]
     return 128 - code if code < 0 else code
 
 
@@ -180,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"trainer: error: {error}", file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR
-    stopping: list[bool] = []
+    stopping: list[int] = []  # the signal this pod got, once it got one
     for sig in (signal.SIGTERM, signal.SIGINT):  # while waiting: leave at once
         signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
     target = rendezvous_host(torchrun_args, dict(os.environ))

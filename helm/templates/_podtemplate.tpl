@@ -68,6 +68,10 @@ spec:
       env:
         - name: TORCH_DISABLE_SHARE_RDZV_TCP_STORE
           value: "1"
+        # torchrun SIGKILLs its workers this long after SIGTERM (default 30 s): leave the
+        # preemption checkpoint the grace period, less time for the kubelet's own SIGKILL
+        - name: TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+          value: {{ max 10 (sub (int .Values.terminationGracePeriodSeconds) 15) | quote }}
         - name: TRAINER_IMAGE
           value: "{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}"
         - name: HOME

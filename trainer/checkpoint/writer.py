@@ -2,8 +2,13 @@
 
 Training pauses only for the copy into host memory; serialization, upload, `latest.json`
 and retention happen on a worker thread. One write is in flight at most: the next save
-waits for it, and so does the end of the run. A write that keeps failing is reported
-loudly and training goes on, since the previous checkpoint is still intact."""
+waits for it, for a bounded time (its peers wait in a collective meanwhile), and so does the
+end of the run. A write that keeps failing is reported loudly and training goes on, since
+the previous checkpoint is still intact.
+
+Waiting is on an Event, not `Thread.join`: in Python 3.11 a signal handler that raises
+while the main thread is in `join()` can leave the thread marked stopped, so that a later
+`join()` returns at once while the upload still runs (and dies at exit)."""
 
 from __future__ import annotations
 
@@ -69,32 +74,38 @@ class CheckpointWriter:
             logger,
         )
         self.stats = CheckpointStats()
-        self._pending: threading.Thread | None = None
+        self._idle = threading.Event()
+        self._idle.set()
+        self._writing: int | None = None
 
-    def save(self, state: dict[str, Any], *, step: int, epoch: int, world_size: int) -> None:
-        """Copy `state` now; write it now or in the background."""
-        self.wait()
+    def save(
+        self, state: dict[str, Any], *, step: int, epoch: int, world_size: int, wait_s: float | None = None
+    ) -> bool:
+        """Copy `state` now; write it now or in the background. If the write before it is still
+        running after `wait_s` seconds, skip this one (logged) rather than hold up the ranks."""
+        if not self.wait(wait_s):
+            self.log.warning(
+                "checkpoint step %d skipped: the write of step %s is still running after %.0fs",
+                step, self._writing, wait_s,
+            )  # fmt: skip
+            return False
         started = time.perf_counter()
         snapshot = to_host(state)
         self.stats.last_stall_seconds = time.perf_counter() - started
         if not self.background:
             self._write(snapshot, step, epoch, world_size)
-            return
+            return True
+        self._idle.clear()
+        self._writing = step
         # a daemon thread: an exit waits for it only as long as `close` allows
-        self._pending = threading.Thread(
+        threading.Thread(
             target=self._write, args=(snapshot, step, epoch, world_size), name="checkpoint", daemon=True
-        )
-        self._pending.start()
+        ).start()
+        return True
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the write in flight has finished; False if `timeout` ran out first."""
-        if self._pending is None:
-            return True
-        self._pending.join(timeout)
-        if self._pending.is_alive():
-            return False
-        self._pending = None
-        return True
+        return self._idle.wait(timeout)
 
     def close(self, timeout: float) -> None:
         """Let the last write finish, for up to `timeout` seconds."""
@@ -102,6 +113,12 @@ class CheckpointWriter:
             self.log.error("checkpoint write still running after %.0fs; exiting without it", timeout)
 
     def _write(self, snapshot: dict[str, Any], step: int, epoch: int, world_size: int) -> None:
+        try:
+            self._write_with_retries(snapshot, step, epoch, world_size)
+        finally:
+            self._idle.set()
+
+    def _write_with_retries(self, snapshot: dict[str, Any], step: int, epoch: int, world_size: int) -> None:
         if self.background:
             _yield_cpu_to_training()
         for attempt in range(1, self.attempts + 1):

@@ -1,0 +1,148 @@
+"""SIGTERM (a preempted or deleted pod) and Ctrl-C: every rank stops at one step, rank 0
+saves it and waits for it to be published, one line says so, and the restart continues
+from it bit for bit."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import load_checkpoint, process_env, run_torchrun, s3_env
+from fault_proxy import FaultProxy
+
+SLOW = (
+    "data.name=plugins:slow_digits,data.options.delay_s=0.002,model.dropout=0.3,train.max_steps=60,"
+    "checkpoint.every_steps=1000,log.every_steps=1,log.format=json"
+)
+
+
+def launch(args: list[str], workdir: Path, env: dict[str, str]) -> subprocess.Popen:
+    """`ddp-launch -- --standalone --nproc_per_node=2 -m trainer ARGS`, as `make demo` runs it."""
+    command = [sys.executable, "-m", "trainer.launch", "--", "--standalone", "--nproc_per_node=2"]
+    return subprocess.Popen(
+        [*command, "-m", "trainer", *args],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def records(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def signal_at_step(agent: subprocess.Popen, log: list[str], step: int, signum: int) -> None:
+    """Send `signum` to the launcher once rank 0 has logged progress at `step`."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = agent.stdout.readline()
+        assert line, "the run ended before the signal"
+        log.append(line)
+        if line.startswith("{") and json.loads(line).get("step") == step:
+            agent.send_signal(signum)
+            return
+    raise AssertionError(f"step {step} never came")
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_step_all_ranks_stopped_at_and_the_restart_is_bit_exact(workdir):
+    reference = run_torchrun(["--config", "digits", "--set", f"{SLOW},checkpoint.uri=reference"], workdir)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    args = ["--config", "digits", "--set", f"{SLOW},checkpoint.uri=stopped"]
+    agent, log = launch(args, workdir, process_env()), []
+    signal_at_step(agent, log, 20, signal.SIGTERM)
+    stdout, stderr = agent.communicate(timeout=120)
+    stop = next(r for r in records("".join(log) + stdout) if r["event"] == "stopped")
+    assert agent.returncode == 143
+    assert stop["message"] == (
+        f"stopped by SIGTERM at step {stop['step']} (signal during step {stop['signal_step']}): "
+        f"saved stopped/step-{stop['step']}"
+    )
+    assert 20 <= stop["signal_step"] <= stop["step"] <= stop["signal_step"] + 1
+    assert sorted(p.name for p in (workdir / "stopped").glob("step-*")) == [f"step-{stop['step']}"]
+    assert "Traceback" not in stderr, stderr[-3000:]
+
+    resumed = launch(args, workdir, process_env())
+    out, err = resumed.communicate(timeout=180)
+    assert resumed.returncode == 0, err[-3000:]
+    assert f"resumed from step {stop['step']}" in out
+    expected, got = load_checkpoint(workdir / "reference"), load_checkpoint(workdir / "stopped")
+    assert expected["progress"] == got["progress"] and got["progress"]["step"] == 60
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, got["model"][name]), name
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_one_line(workdir):
+    args = ["--config", "digits", "--set", f"{SLOW},log.format=text"]
+    agent, log = launch(args, workdir, process_env()), []
+    deadline = time.monotonic() + 60
+    while "step 10/" not in "".join(log) and time.monotonic() < deadline:
+        log.append(agent.stdout.readline())
+    agent.send_signal(signal.SIGINT)
+    stdout, stderr = agent.communicate(timeout=120)
+    assert agent.returncode == 130
+    lines = [line for line in stdout.splitlines() if "stopped by" in line]
+    assert len(lines) == 1 and "saved checkpoints/digits/step-" in lines[0]
+    assert "Traceback" not in stderr and "SignalException" not in stderr, stderr
+
+
+@pytest.mark.slow
+def test_a_slow_upload_at_sigterm_is_published_before_exit(s3_bucket, workdir):
+    """Uploads take 20 s on the wire; torchrun allows 60 s after SIGTERM: the stop's step is
+    published, latest.json names it, before the processes end."""
+    prefix = "preempted"
+    slow = lambda method, path: method == "PUT" and "/step-" in path  # noqa: E731
+    with FaultProxy(s3_bucket.endpoint, every=0, matches=slow, delay_s=20) as proxy:
+        env = s3_env(proxy.url, TMPDIR=str(workdir), TORCH_ELASTIC_SHUTDOWN_TIMEOUT="60")
+        args = ["--config", "digits", "--set", f"{SLOW},checkpoint.uri={s3_bucket.uri(prefix)}"]
+        agent, log = launch(args, workdir, env), []
+        signal_at_step(agent, log, 10, signal.SIGTERM)
+        stdout, stderr = agent.communicate(timeout=150)
+    stop = next(r for r in records("".join(log) + stdout) if r["event"] == "stopped")
+    assert agent.returncode == 143, stderr[-3000:]
+    assert s3_bucket.latest_step(prefix) == stop["step"]
+    assert s3_bucket.load(prefix)["progress"]["step"] == stop["step"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("delay_s", "fits"), [(15, False), (1, True)])
+def test_a_resume_download_slower_than_the_collective_timeout_fails_in_one_line(
+    s3_bucket, workdir, delay_s, fits
+):
+    """dist.timeout_s=20 bounds rank 0's resume search at 10 s: a store that needs 15 s per
+    read fails the run with a line naming the phase, one that needs 1 s resumes. Neither
+    hangs in the peers' collective."""
+    prefix = f"slow-store-{delay_s}"
+    quick = ["--config", "digits", "--set", f"checkpoint.uri={s3_bucket.uri(prefix)},log.every_steps=5"]
+    first = run_torchrun([*quick, "--set", "train.max_steps=5"], workdir, env=s3_env(s3_bucket.endpoint))
+    assert first.returncode == 0, first.stderr[-3000:]
+    slow_reads = lambda method, path: method == "GET" and "/step-" in path  # noqa: E731
+    with FaultProxy(s3_bucket.endpoint, every=0, matches=slow_reads, delay_s=delay_s) as proxy:
+        started = time.monotonic()
+        second = run_torchrun(
+            [*quick, "--set", "train.max_steps=8,dist.timeout_s=20,checkpoint.drain_timeout_s=10"],
+            workdir,
+            env=s3_env(proxy.url, TMPDIR=str(workdir)),
+            timeout=120,
+        )
+    if fits:
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert "resumed from step 5" in second.stdout
+        return
+    assert second.returncode != 0 and time.monotonic() - started < 60
+    errors = [line for line in second.stderr.splitlines() if line.startswith("trainer: error:")]
+    assert errors == [
+        f"trainer: error: checkpoint.uri='{s3_bucket.uri(prefix)}': finding the resume step took longer "
+        "than 10s, half of dist.timeout_s; the store is too slow for it: raise dist.timeout_s or check "
+        "the store's health"
+    ]
