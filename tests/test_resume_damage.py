@@ -9,9 +9,12 @@ import hashlib
 import json
 import logging
 import re
+import subprocess
 
 import pytest
 import torch
+from conftest import free_port, run_torchrun, s3_env, torchrun_command
+from fault_proxy import FaultProxy
 
 from trainer.checkpoint import Checkpointer, CheckpointError, LocalStore, open_store
 from trainer.cli import refuse_overwrite
@@ -139,3 +142,35 @@ def test_a_fresh_start_refuses_a_location_with_steps_even_without_latest_json(sa
     config = load_config(None, [f"checkpoint.uri={uri},checkpoint.resume=false"])
     with pytest.raises(ConfigError, match=r"holds checkpoints up to step 6; set checkpoint.resume=true"):
         refuse_overwrite(config, saved.checkpointer)
+
+
+@pytest.mark.slow
+def test_a_node_that_cannot_read_the_resume_step_fails_every_rank_in_one_line(s3_bucket, workdir):
+    """Two 'nodes' (torchrun agents); every read of a step on the second one is refused
+    (503, no retries). Whichever rank that costs, every rank stops with the same one-line
+    error, instead of one raising while its peers wait in a collective."""
+    quick = ["--config", "digits", "--set", f"checkpoint.uri={s3_bucket.uri('nodes')},log.every_steps=5"]
+    first = run_torchrun([*quick, "--set", "train.max_steps=5"], workdir, env=s3_env(s3_bucket.endpoint))
+    assert first.returncode == 0, first.stderr[-3000:]
+    pet = {
+        "PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_RDZV_BACKEND": "c10d", "AWS_MAX_ATTEMPTS": "1",
+        "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "PET_RDZV_ID": "unreadable", "PET_MAX_RESTARTS": "0",
+    }  # fmt: skip
+    args = [*quick, "--set", "train.max_steps=10"]
+    command = [c for c in torchrun_command(args, launcher=[]) if not c.startswith("--nproc")]
+    refused = lambda method, path: method == "GET" and "/step-" in path  # noqa: E731
+    with FaultProxy(s3_bucket.endpoint, every=1, faults=("503",), matches=refused) as proxy:
+        nodes = []
+        for index, endpoint in enumerate([s3_bucket.endpoint, proxy.url]):
+            (workdir / f"node{index}").mkdir()
+            env = {**s3_env(endpoint), **pet, "TMPDIR": str(workdir / f"node{index}")}
+            nodes.append(
+                subprocess.Popen(
+                    command, cwd=workdir, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+                )
+            )
+        outputs = [node.communicate(timeout=180) for node in nodes]
+    errors = [line for _, err in outputs for line in err.splitlines() if "trainer: error:" in line]
+    assert all(node.returncode != 0 for node in nodes)
+    assert len(errors) == 2 and len({line.split("trainer: error: ")[1] for line in errors}) == 1, errors
+    assert "finding the resume step failed" in errors[0] or "cannot be resumed: rank 1" in errors[0]
