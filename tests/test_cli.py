@@ -148,5 +148,7 @@ def test_local_command_runs_the_cpu_scenario(tmp_path):
         timeout=240,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    assert "job Succeeded: restarts 0" in completed.stderr
+    assert completed.stdout.splitlines()[-1] == (
+        "job ddp-run-ddp-trainer: Succeeded; 0 restarts counted (backoffLimit 6)"
+    )
     assert "world size 2 (2 nodes x 1 process)" in completed.stdout  # rank 0's log, streamed

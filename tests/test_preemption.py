@@ -4,6 +4,7 @@ from it bit for bit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from conftest import load_checkpoint, process_env, run_torchrun, s3_env
@@ -22,10 +24,26 @@ SLOW = (
 )
 
 
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_run_left_behind():
+    """A failed assertion must not leave a run holding ports (its pipes full, it blocks)."""
+    yield
+    while STARTED:
+        agent = STARTED.pop()
+        if agent.poll() is None:
+            for process in [*psutil.Process(agent.pid).children(recursive=True), psutil.Process(agent.pid)]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+            agent.wait()
+
+
 def launch(args: list[str], workdir: Path, env: dict[str, str]) -> subprocess.Popen:
     """`ddp-launch -- --standalone --nproc_per_node=2 -m trainer ARGS`, as `make demo` runs it."""
     command = [sys.executable, "-m", "trainer.launch", "--", "--standalone", "--nproc_per_node=2"]
-    return subprocess.Popen(
+    agent = subprocess.Popen(
         [*command, "-m", "trainer", *args],
         cwd=workdir,
         env=env,
@@ -33,6 +51,8 @@ def launch(args: list[str], workdir: Path, env: dict[str, str]) -> subprocess.Po
         stderr=subprocess.PIPE,
         text=True,
     )
+    STARTED.append(agent)
+    return agent
 
 
 def records(stdout: str) -> list[dict]:
