@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -28,6 +29,22 @@ REPO = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).parent / "helpers"
 AUDIT = HELPERS / "audit"
 sys.path.insert(0, str(HELPERS))  # the test plug-ins, importable in-process as in subprocesses
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_stay_in_pytests_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every process a test starts inherits TMPDIR: checkpoint caches, metrics folders and
+    torchrun's error files then land under pytest's own temporary folder, not in /tmp."""
+    folder = tmp_path_factory.mktemp("tmpdir")
+    previous = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = None  # re-read on next use
+    yield
+    if previous is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = previous
+    tempfile.tempdir = None
 
 
 def free_port() -> int:

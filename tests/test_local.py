@@ -105,15 +105,8 @@ def test_the_charts_cpu_job_runs_locally_survives_a_pod_kill_and_checkpoints_to_
 
 def outside_paths() -> dict[str, object]:
     """What a local run must leave alone: the container paths the chart's config names, and
-    the trainer's default checkpoint cache, each as (exists, entries)."""
-    import tempfile
-
-    watched = [
-        "/checkpoints",
-        "/tmp/metrics",
-        "/tmp/checkpoint-cache",
-        f"{tempfile.gettempdir()}/ddp-trainer-cache",
-    ]
+    the trainer's default cache and metrics folders in the host's /tmp, as entries."""
+    watched = ["/checkpoints", "/tmp/metrics", "/tmp/checkpoint-cache", "/tmp/ddp-trainer-cache"]
     return {path: sorted(os.listdir(path)) if os.path.isdir(path) else None for path in watched}
 
 

@@ -312,12 +312,11 @@ class Trainer:
         or torchrun's shutdown deadline nears. One line says which."""
         self._report_progress()
         step = self.progress.step
-        budget = min(self.stop.write_budget(), self.solo_budget_s)
         if self.last_saved_step != step:
-            self._save(wait_s=budget)
+            self._save(wait_s=self._stop_budget())
         if not self.context.is_main:
             return
-        published = self.writer.wait(min(self.stop.write_budget(), self.solo_budget_s))
+        published = self.writer.wait(self._stop_budget())
         stats = self.writer.stats
         during = self.stop.received_during
         stopped_at = f"stopped by {stopped} at step {step}" + (
@@ -330,6 +329,11 @@ class Trainer:
             why = "its write failed" if published else "its write did not finish before the shutdown deadline"
             newest = stats.last_success_step
             self.log.error("%s: NOT saved (%s); the newest checkpoint is step %s", stopped_at, why, newest)
+
+    def _stop_budget(self) -> float:
+        """Seconds left for the stop's checkpoint: torchrun's SIGKILL deadline, and no longer
+        than peers may wait in a collective."""
+        return min(self.stop.write_budget(), self.solo_budget_s)
 
     def _train_epoch(self, bar: tqdm, window: Window) -> None:
         progress, train = self.progress, self.config.train
