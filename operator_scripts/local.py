@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-import psutil
 import yaml
 
 from operator_scripts.operator_env import PodPlan, plan_pods, with_defaults
@@ -48,6 +47,7 @@ from operator_scripts.operator_status import (
     pods_to_delete,
     restart_delay,
 )
+from trainer.launch import signal_tree
 
 # the project's console scripts, run with this interpreter
 CONSOLE_SCRIPTS = {"torchrun": "torch.distributed.run", "ddp-launch": "trainer.launch"}
@@ -444,18 +444,9 @@ def run(
 
 
 def kill_pod(pod: LocalPod, sig: int = signal.SIGKILL) -> None:
-    """Signal every process of the pod, as a container's end does: torchrun starts its
-    workers in sessions of their own, so the process group alone would orphan them."""
-    if pod.process is None:
-        return
-    try:
-        tree = [psutil.Process(pod.process.pid)]
-        tree += tree[0].children(recursive=True)
-    except psutil.NoSuchProcess:
-        return
-    for process in tree:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.send_signal(sig)
+    """Signal every process of the pod, as a container's end does."""
+    if pod.process is not None:
+        signal_tree(pod.process.pid, sig)
 
 
 def _stop(pod: LocalPod) -> None:

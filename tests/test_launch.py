@@ -105,3 +105,31 @@ def test_a_pod_waits_for_the_host_in_one_line_then_gives_up(hosts, tmp_path):
     assert done.returncode == 1, done.stderr
     assert len(lines) == 2 and "waiting for the rendezvous host job-worker-0:23456" in lines[0]
     assert "did not resolve within 2s" in lines[1]
+
+
+@pytest.mark.slow
+def test_a_config_error_found_inside_the_workers_stops_torchrun_at_once(tmp_path):
+    """A mistake only the trainer can see (the checkpoint holds another model) is reported
+    by the workers; ddp-launch stops torchrun instead of letting it restart them, and exits 2."""
+    first = launch(
+        "--", "--standalone", "--nproc_per_node=2", *TRAINER, "--set", "train.max_steps=2", cwd=tmp_path
+    )
+    assert first.returncode == 0, first.stderr[-2000:]
+    started = time.monotonic()
+    args = [
+        "--",
+        "--standalone",
+        "--nproc_per_node=2",
+        "--max-restarts=3",
+        *TRAINER,
+        "--set",
+        "model.name=mlp",
+    ]
+    second = launch(*args, cwd=tmp_path, timeout=120)
+    assert second.returncode == 2 and time.monotonic() - started < 60
+    errors = [line for line in second.stderr.splitlines() if line.startswith("trainer: error:")]
+    assert errors == [
+        "trainer: error: model.name='mlp': step 2 in checkpoints/digits was trained with model.name='cnn', "
+        "which this run cannot change: resume with model.name='cnn', or start over in another checkpoint.uri"
+    ]
+    assert "restart 1" not in second.stdout and "Traceback" not in second.stderr

@@ -4,7 +4,6 @@ from it bit for bit."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import subprocess
@@ -12,11 +11,12 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 from conftest import load_checkpoint, process_env, run_torchrun, s3_env
 from fault_proxy import FaultProxy
+
+from trainer.launch import signal_tree
 
 SLOW = (
     "data.name=plugins:slow_digits,data.options.delay_s=0.002,model.dropout=0.3,train.max_steps=60,"
@@ -34,9 +34,7 @@ def _no_run_left_behind():
     while STARTED:
         agent = STARTED.pop()
         if agent.poll() is None:
-            for process in [*psutil.Process(agent.pid).children(recursive=True), psutil.Process(agent.pid)]:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    process.kill()
+            signal_tree(agent.pid)
             agent.wait()
 
 

@@ -25,6 +25,7 @@ stop together and save (trainer/preemption.py). The exit code is then 128 + the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -138,19 +139,17 @@ def _say(line: str) -> None:
     print(f"ddp-launch: {line}", file=sys.stderr, flush=True)
 
 
-def _kill_tree(process: subprocess.Popen) -> None:
-    """SIGKILL torchrun and its workers (they run in sessions of their own)."""
+def signal_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal a process and all its descendants: torchrun starts its workers in sessions of
+    their own, so signalling its process group alone would orphan them."""
     try:
-        tree = [psutil.Process(process.pid)]
+        tree = [psutil.Process(pid)]
         tree += tree[0].children(recursive=True)
     except psutil.NoSuchProcess:
         return
     for member in tree:
-        try:
-            member.kill()
-        except psutil.NoSuchProcess:
-            continue
-    process.wait()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.send_signal(sig)
 
 
 def relay(stream: BinaryIO, stopping: list[int]) -> None:
@@ -196,7 +195,8 @@ def run_torchrun(torchrun_args: Sequence[str], fatal_file: Path, stopping: list[
     try:
         while (code := process.poll()) is None:
             if fatal_file.exists() and not stopping:
-                _kill_tree(process)
+                signal_tree(process.pid)
+                process.wait()
                 return EXIT_CONFIG_ERROR
             time.sleep(POLL_S)
     finally:
