@@ -47,7 +47,7 @@ from operator_scripts.operator_status import (
     pods_to_delete,
     restart_delay,
 )
-from trainer.launch import signal_tree
+from trainer.launch import container_exit_code, signal_tree
 
 # the project's console scripts, run with this interpreter
 CONSOLE_SCRIPTS = {"torchrun": "torch.distributed.run", "ddp-launch": "trainer.launch"}
@@ -300,11 +300,6 @@ def _follow(path: Path, sink: Callable[[str], None], stop: threading.Event) -> N
                 time.sleep(0.05)
 
 
-def _exit_code(returncode: int) -> int:
-    """The container's exit code as Kubernetes reports it: 128 + N for a signal N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
 def _advance(pod: LocalPod, hosts: HostsTable, now: float, notify: Callable[[str], None]) -> str:
     """One kubelet and operator pass over a pod; returns a permanent failure's reason."""
     if pod.phase == "Pending" and now >= pod.start_at:
@@ -320,7 +315,7 @@ def _advance(pod: LocalPod, hosts: HostsTable, now: float, notify: Callable[[str
     returncode = pod.process.poll()
     if returncode is None:
         return ""
-    code = pod.exit_code = _exit_code(returncode)
+    code = pod.exit_code = container_exit_code(returncode)
     hosts.set(pod.name, None)  # not Ready: its Service has no endpoint
     pod.process = None
     pod.log.close()
@@ -456,5 +451,5 @@ def _stop(pod: LocalPod) -> None:
     with contextlib.suppress(subprocess.TimeoutExpired):
         pod.process.wait(timeout=grace)
     kill_pod(pod, signal.SIGKILL)
-    pod.exit_code = _exit_code(pod.process.wait())
+    pod.exit_code = container_exit_code(pod.process.wait())
     pod.process = None

@@ -111,11 +111,12 @@ def _is_this_host(host: str) -> bool:
     return host in ("localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn())
 
 
-def wait_for_host(host: str, port: str, timeout: float, stopping: list[int]) -> bool:
-    """Block until `host` resolves; one line if it does not at once. False on timeout."""
+def wait_for_host(host: str, port: str, timeout: float) -> bool:
+    """Block until `host` resolves; one line if it does not at once. False on timeout. A
+    signal meanwhile ends the process (main's handlers), as nothing runs yet."""
     deadline = time.monotonic() + timeout
     announced = False
-    while not stopping:
+    while True:
         try:
             socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
             if announced:
@@ -132,11 +133,15 @@ def wait_for_host(host: str, port: str, timeout: float, stopping: list[int]) -> 
         if time.monotonic() >= deadline:
             return False
         time.sleep(1.0)
-    return False
 
 
 def _say(line: str) -> None:
     print(f"ddp-launch: {line}", file=sys.stderr, flush=True)
+
+
+def container_exit_code(returncode: int) -> int:
+    """A process's exit as a container's is reported: 128 + N when signal N ended it."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def signal_tree(pid: int, sig: int = signal.SIGKILL) -> None:
@@ -205,7 +210,7 @@ def run_torchrun(torchrun_args: Sequence[str], fatal_file: Path, stopping: list[
         relaying.join(timeout=5)
     if stopping:  # what a container stopped by that signal reports: retryable, never 0
         return 128 + stopping[0]
-    return 128 - code if code < 0 else code
+    return container_exit_code(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -216,14 +221,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"trainer: error: {error}", file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR
-    stopping: list[int] = []  # the signal this pod got, once it got one
     for sig in (signal.SIGTERM, signal.SIGINT):  # while waiting: leave at once
         signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
     target = rendezvous_host(torchrun_args, dict(os.environ))
     fatal_file = Path(tempfile.gettempdir()) / f"ddp-launch-{os.getpid()}.fatal"
+    try:
+        return _launch(options, torchrun_args, target, fatal_file)
+    finally:
+        fatal_file.unlink(missing_ok=True)
+
+
+def _launch(
+    options: argparse.Namespace, torchrun_args: list[str], target: tuple[str, str] | None, fatal_file: Path
+) -> int:
+    """Wait for the host, run torchrun, and run it again after a failure, within the budget."""
+    stopping: list[int] = []  # the signal this pod got, once it got one
     code = 0
     for attempt in range(options.relaunches + 1):
-        if target and not wait_for_host(*target, options.rendezvous_wait, stopping):
+        if target and not wait_for_host(*target, options.rendezvous_wait):
             _say(
                 f"error: rendezvous host {target[0]} did not resolve within {options.rendezvous_wait:.0f}s; "
                 "check that its pod is scheduled (kubectl describe pod)"
