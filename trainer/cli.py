@@ -125,10 +125,12 @@ def train(config: Config, context: DistContext) -> int:
         checkpointer = Checkpointer(
             open_store(config.checkpoint), config.checkpoint.keep_last, cache_dir(config.checkpoint)
         )
+        lineage = None
         if context.is_main:
             checkpointer.store.prepare()
             checkpointer.store.clean_staging(checkpointer.cache)
             refuse_overwrite(config, checkpointer)
+            lineage = checkpointer.lineage(fresh=not config.checkpoint.resume)
     except ConfigError as error:
         return report(error, context)
     stop = StopSignal()
@@ -140,7 +142,10 @@ def train(config: Config, context: DistContext) -> int:
     try:
         with process_group(context, device, config.dist.timeout_s):
             try:
-                Trainer(config, context, device, splits, module, checkpointer, logger, metrics, stop).run()
+                trainer = Trainer(
+                    config, context, device, splits, module, checkpointer, logger, metrics, stop, lineage
+                )
+                trainer.run()
             except ConfigError as error:
                 return report(error, context)
             except Stopped as stopped:  # every rank stopped together: leave together

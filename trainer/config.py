@@ -124,12 +124,15 @@ class OptimConfig:
 class CheckpointConfig:
     """Where checkpoints go, how often, how many stay, and whether a start resumes.
 
-    With `async_save` rank 0 copies the state to host memory at the step boundary and
-    writes it in the background (at most one write in flight); a write is tried
-    `attempts` times; exits wait up to `drain_timeout_s` for the last one. `cache_dir` is
-    the node-local folder for downloaded checkpoints (default: the system temp dir).
-    `s3_checksum` is what S3 verifies per part on upload; the manifest's sha256 covers the
-    whole object end to end whichever is chosen (SHA256 on the wire costs ~20% throughput)."""
+    With `async_save` the state is copied to shared host memory at the step boundary and a
+    writer process writes it (at most one durable write in flight); a write is tried
+    `attempts` times; exits wait up to `drain_timeout_s` for the last one. Every
+    `snapshot_every_steps` steps (0: never) each node's first rank also keeps a snapshot in
+    the node-local `snapshot_dir` (memory-backed /dev/shm by default), from which a restart
+    resumes when it is newer than the store's checkpoint. `cache_dir` is the node-local
+    folder for downloaded checkpoints (default: the system temp dir). `s3_checksum` is what
+    S3 verifies per part on upload; the manifest's sha256 covers the whole object end to
+    end whichever is chosen (SHA256 on the wire costs ~20% throughput)."""
 
     uri: str = "checkpoints"
     every_steps: NonNegativeInt = 50
@@ -138,6 +141,8 @@ class CheckpointConfig:
     async_save: bool = True
     attempts: PositiveInt = 3
     drain_timeout_s: PositiveFloat = 600.0
+    snapshot_every_steps: NonNegativeInt = 10
+    snapshot_dir: str = "/dev/shm/ddp-trainer-snapshots"
     cache_dir: str = ""
     multipart_chunk_mb: Annotated[int, Field(strict=True, ge=5)] = 8
     s3_checksum: Literal["CRC32", "SHA256"] = "CRC32"

@@ -21,16 +21,18 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from trainer.checkpoint import Checkpointer, CheckpointError, CheckpointWriter, rng
+from trainer.checkpoint.snapshots import SnapshotDir
 from trainer.config import Config, ConfigError, TrainConfig, from_tree, to_tree
 from trainer.data import DataSplits, eval_loader, train_loader
-from trainer.distributed import DistContext, broadcast_flag
+from trainer.distributed import DistContext, broadcast_flag, broadcast_object
 from trainer.early_stopping import EarlyStopping
 from trainer.evaluate import evaluate
 from trainer.log import event
 from trainer.metrics import Metrics, peak_flops
 from trainer.optim import LRSchedule, apply_hyperparameters, batch_math, build_optimizer
 from trainer.preemption import Stopped, StopSignal
-from trainer.resume import agree_on_step, config_changes, load_everywhere
+from trainer.recovery import ResumePoint, recover
+from trainer.resume import config_changes
 from trainer.step import autocast_for, train_step
 from trainer.straggler import BackwardClock, straggler_lag
 
@@ -126,18 +128,23 @@ class Trainer:
         logger: logging.Logger,
         metrics: Metrics,
         stop: StopSignal,
+        lineage: str | None = None,
     ) -> None:
+        """`lineage` is the store's history id, known to rank 0 (see `Checkpointer.lineage`)."""
         self.config, self.context, self.device = config, context, device
         self.splits, self.checkpointer, self.log, self.metrics = splits, checkpointer, logger, metrics
         self.stop = stop
         # what rank 0 or one node may spend alone while its peers wait in a collective
         self.solo_budget_s = config.dist.timeout_s / 2
         self.last_saved_step: int | None = None
+        self.lineage = lineage
+        self.snapshot_every = config.checkpoint.snapshot_every_steps
+        self.snapshots: SnapshotDir | None = None
         self.writer = CheckpointWriter(
-            checkpointer,
-            background=config.checkpoint.async_save,
-            attempts=config.checkpoint.attempts,
-            logger=logger,
+            checkpointer if context.is_main else None,
+            config.checkpoint,
+            logger,
+            snapshots=context.is_node_main and self.snapshot_every > 0,
         )
         self.module = module.to(device)
         self.math = batch_math(config.train, config.optim, context.world_size)
@@ -162,6 +169,7 @@ class Trainer:
         self.stopper = EarlyStopping(config.train.early_stopping)
         self.progress = Progress()
         self.resumed_from: int | None = None
+        self.resume_point: ResumePoint | None = None
         self.last_validated: int | None = None
         self.val_metrics: dict[str, float] = {}
         self.model: DistributedDataParallel | None = None
@@ -183,8 +191,10 @@ class Trainer:
             self.writer.close(self.config.checkpoint.drain_timeout_s)
 
     def _run(self) -> dict[str, Any]:
+        self.snapshots = self._snapshot_dir()
         self._restore()
         self._plan()
+        self.writer.start(self.snapshots)
         self.model = DistributedDataParallel(
             self.module, device_ids=[self.device.index] if self.device.type == "cuda" else None
         )
@@ -198,6 +208,7 @@ class Trainer:
                 "epoch": self.progress.epoch + 1,
                 "peak_flops": self.peak_flops or None,
                 "checkpoint_every_steps": self.config.checkpoint.every_steps,
+                "recovery_lost_steps": self.resume_point and self.resume_point.lost_steps,
             }
         )
         started = time.perf_counter()
@@ -207,12 +218,15 @@ class Trainer:
                 "already_complete",
                 f"run already complete at step {self.progress.step}; testing only",
             )
+            if self.resume_point is not None and self.resume_point.snapshot_rank is not None:
+                self._save(wait_s=self.solo_budget_s)  # the store lacks the final step
         else:
             self._fit()
         if self.last_validated != self.progress.step:
             self._validate()
         if not self.writer.wait(self.solo_budget_s):
             self.log.warning("the last checkpoint write is still running; testing meanwhile")
+        self._drop_snapshots_once_durable()
         self.metrics.checkpoints(self.writer.stats)
         self.metrics.flush()
         test = self._evaluate(self.splits.test) if len(self.splits.test) else {}
@@ -280,7 +294,7 @@ class Trainer:
             f"({len(self.splits.train)} train samples): "
             f"{self.steps_per_epoch} steps/epoch, {self.total_steps} steps; checkpoints in "
             f"{self.checkpointer.store.uri}"
-            + (f", resumed from step {self.resumed_from}" if self.resumed_from is not None else ""),
+            + (f", {self.resume_point.describe()}" if self.resume_point is not None else ""),
         )
 
     # ----- training ----------------------------------------------------------------------
@@ -367,6 +381,8 @@ class Trainer:
             progress.epoch_position += samples_per_step
             progress.samples += samples_per_step
             self.lr = self.schedule.apply(self.optimizer, progress.samples)
+            if self.snapshots is not None:
+                self.snapshots.mark(progress.step)
             ended = time.perf_counter()
             waited = fetched - started
             communication = result.synced_at - (self.clock.take() or result.synced_at)
@@ -394,10 +410,11 @@ class Trainer:
                     self._end_epoch()
             finished = self._finished()
             every = self.config.checkpoint.every_steps
-            if finished or (every and progress.step % every == 0):
+            durable = finished or bool(every and progress.step % every == 0)
+            if durable or (self.snapshot_every and progress.step % self.snapshot_every == 0):
                 self._report_progress()
                 with window.excluding(checkpoint=True):
-                    self._save(wait_s=self.solo_budget_s)
+                    self._save(wait_s=self.solo_budget_s, durable=durable)
             if epoch_done or finished:
                 return
 
@@ -564,13 +581,20 @@ class Trainer:
 
     # ----- checkpoints -------------------------------------------------------------------
 
-    def _save(self, wait_s: float) -> None:
-        """Every rank contributes its RNG state; rank 0 alone snapshots and writes, waiting at
-        most `wait_s` for the write before it."""
-        self.last_saved_step = self.progress.step
-        rng_states = [None] * self.context.world_size if self.context.is_main else None
-        dist.gather_object(rng.capture(), rng_states, dst=0)
-        if not self.context.is_main:
+    def _save(self, wait_s: float, *, durable: bool = True) -> None:
+        """Every rank contributes its RNG state; rank 0 writes the durable checkpoint if
+        `durable`, and with snapshots on, every node's first rank its snapshot. Each waits
+        at most `wait_s` for the writes before it."""
+        if durable:
+            self.last_saved_step = self.progress.step
+        snapshot = self.snapshot_every > 0
+        if snapshot:  # every node keeps every rank's streams
+            rng_states = [None] * self.context.world_size
+            dist.all_gather_object(rng_states, rng.capture())
+        else:
+            rng_states = [None] * self.context.world_size if self.context.is_main else None
+            dist.gather_object(rng.capture(), rng_states, dst=0)
+        if not (self.context.is_main and durable) and self.snapshots is None:
             return
         state = {
             "model": self.module.state_dict(),
@@ -587,19 +611,63 @@ class Trainer:
             step=self.progress.step,
             epoch=self.progress.epoch,
             world_size=self.context.world_size,
+            durable=durable,
             wait_s=wait_s,
         )
 
-    def _restore(self) -> None:
-        """Agree on the newest intact step and load it on every rank: model, optimizer,
-        scaler, early stopping, progress and each rank's RNG streams. The LR is not restored
-        but derived (`_plan`); changed settings are applied and reported, or refused."""
-        budget = self.config.dist.timeout_s / 2
-        step = agree_on_step(self.checkpointer, self.context, budget)
-        if step is None:
+    def _snapshot_dir(self) -> SnapshotDir | None:
+        """This node's snapshots (its first rank only), when they are on and fit: the
+        lineage comes from rank 0, and a snapshot directory without room for two is one
+        line and no snapshots."""
+        if not self.snapshot_every:
+            return None
+        lineage = broadcast_object(self.lineage)
+        if not self.context.is_node_main:
+            return None
+        snapshots = SnapshotDir(self.config.checkpoint, str(lineage))
+        try:
+            snapshots.remove_other_lineages()
+            problem = snapshots.room_for(self._state_bytes())
+        except OSError as error:
+            problem = f"{self.config.checkpoint.snapshot_dir} is not usable ({error.strerror})"
+        if problem:
+            self.log.warning(
+                "snapshots off on %s: %s; raise its size or set checkpoint.snapshot_dir",
+                self.context.hostname, problem,
+            )  # fmt: skip
+            return None
+        return snapshots
+
+    def _state_bytes(self) -> int:
+        """The size of a saved state: weights and buffers, and the optimizer's per-parameter
+        state (AdamW's two moments, SGD's momentum), which exists only after a first step."""
+        weights = sum(t.numel() * t.element_size() for t in self.module.state_dict().values())
+        params = sum(p.numel() * p.element_size() for p in self.module.parameters())
+        optim = self.config.optim
+        slots = 2 if optim.name == "adamw" else int(optim.momentum > 0)
+        return weights + slots * params + 2**20
+
+    def _drop_snapshots_once_durable(self) -> None:
+        """At the end of a run whose final step the store holds, the node-local snapshots
+        are redundant memory: every node's first rank removes them."""
+        if not self.snapshot_every:
             return
-        state = load_everywhere(self.checkpointer, self.context, step, budget)
-        uri = self.checkpointer.store.uri
+        durable = self.context.is_main and self.writer.stats.last_success_step == self.progress.step
+        if broadcast_flag(durable, self.device) and self.snapshots is not None:
+            self.writer.close(self.solo_budget_s)
+            self.snapshots.remove()
+
+    def _restore(self) -> None:
+        """Agree on the newest intact step among the nodes' snapshots and the store, and
+        load it on every rank: model, optimizer, scaler, early stopping, progress and each
+        rank's RNG streams. The LR is not restored but derived (`_plan`); changed settings
+        are applied and reported, or refused."""
+        point, state = recover(
+            self.checkpointer, self.snapshots, self.context, self.device, self.config.dist.timeout_s / 2
+        )
+        if point is None:
+            return
+        step, uri = point.step, self.checkpointer.store.uri
         changes = config_changes(state["config"], self.config, step, uri)
         try:
             self.module.load_state_dict(state["model"])
@@ -622,8 +690,10 @@ class Trainer:
             rng.restore(state["rng"][self.context.rank])
         else:
             rng.seed_everything(self.config.seed + 1_000_003 * (step + 1) + self.context.rank)
-        self.resumed_from = self.writer.stats.last_success_step = step
-        self.checkpointer.protected.add(step)
+        self.resumed_from, self.resume_point = step, point
+        if point.snapshot_rank is None:
+            self.writer.stats.last_success_step = step
+            self.checkpointer.protected.add(step)
         self.resume_notes = [f"changed since step {step}, applied: {change}" for change in changes]
         if saved.global_batch != self.math.global_batch:
             self.resume_notes.append(

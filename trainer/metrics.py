@@ -73,7 +73,7 @@ class Metrics:
         """The latest validation metrics."""
 
     def checkpoints(self, stats: CheckpointStats) -> None:
-        """Rank 0's checkpoint writer figures."""
+        """This node's checkpoint writer figures (durable ones on rank 0 only)."""
 
     def flush(self) -> None:
         """Push buffered step figures to the shared files."""
@@ -163,6 +163,15 @@ class PrometheusMetrics(Metrics):
             "checkpoint_stall": gauge(
                 "ddp_checkpoint_stall_seconds", "Time training paused for the newest checkpoint's snapshot."
             ),
+            "snapshot_step": gauge("ddp_snapshot_last_step", "Step of this node's newest local snapshot."),
+            "snapshot_bytes": gauge("ddp_snapshot_bytes", "Size of this node's newest local snapshot."),
+            "snapshot_write": gauge(
+                "ddp_snapshot_write_seconds", "Time the writer took for the newest local snapshot."
+            ),
+            "recovery_lost_steps": gauge(
+                "ddp_recovery_lost_steps",
+                "Steps completed before the last restart that the resume point did not hold (redone).",
+            ),
         }
         self.checkpoint_saves = counter("ddp_checkpoint_saves_total", "Checkpoints committed.")
         self.checkpoint_failures = counter("ddp_checkpoint_failures_total", "Checkpoints given up on.")
@@ -231,6 +240,10 @@ class PrometheusMetrics(Metrics):
             self.gauges["checkpoint_bytes"].set(stats.last_bytes)
             self.gauges["checkpoint_write"].set(stats.last_write_seconds)
             self.gauges["checkpoint_stall"].set(stats.last_stall_seconds)
+        if stats.last_snapshot_step is not None:
+            self.gauges["snapshot_step"].set(stats.last_snapshot_step)
+            self.gauges["snapshot_bytes"].set(stats.last_snapshot_bytes)
+            self.gauges["snapshot_write"].set(stats.last_snapshot_seconds)
 
     def close(self) -> None:
         self.flush()

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from trainer.checkpoint import Checkpointer, CheckpointError
 from trainer.config import Config, to_tree
-from trainer.distributed import DistContext, broadcast_object
+from trainer.distributed import DistContext
 
 T = TypeVar("T")
 
@@ -52,23 +52,6 @@ def bounded(phase: str, budget_s: float, work: Callable[[], T], uri: str) -> T:
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
-
-
-def agree_on_step(checkpointer: Checkpointer, context: DistContext, budget_s: float) -> int | None:
-    """Rank 0 finds the newest intact step (bounded); every rank gets it, or its error."""
-    found: int | CheckpointError | None = None
-    uri = checkpointer.store.uri
-    if context.is_main:
-        try:
-            found = bounded("finding the resume step", budget_s, checkpointer.find_resumable, uri)
-        except CheckpointError as error:
-            found = error
-        except Exception as error:  # the store failing: said to every rank, not raised here alone
-            found = CheckpointError("checkpoint.uri", uri, f"finding the resume step failed: {error}")
-    found = broadcast_object(found)
-    if isinstance(found, CheckpointError):
-        raise found
-    return found
 
 
 def load_everywhere(

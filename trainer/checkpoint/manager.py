@@ -10,8 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,6 +25,7 @@ from trainer.checkpoint.store import CheckpointStore
 from trainer.config import ConfigError
 
 CHECKPOINT_FILE, MANIFEST_FILE, LATEST_FILE = "checkpoint.pt", "manifest.json", "latest.json"
+LINEAGE_FILE = "lineage.json"
 FORMAT_VERSION = 1
 log = logging.getLogger("trainer.checkpoint")
 
@@ -65,7 +68,7 @@ class Checkpointer:
             log.warning("%s/%s is unreadable; looking for steps in the store", self.store.uri, LATEST_FILE)
             return None
 
-    def find_resumable(self) -> int | None:
+    def find_resumable(self, newer_than: int | None = None) -> int | None:
         """The newest intact step in the store: manifest parsed, sha256 verified, loadable.
 
         `latest.json` is the pointer that readers outside the trainer follow; the trainer
@@ -73,10 +76,13 @@ class Checkpointer:
         run back to an older step. A step is complete once its manifest is published (it is
         written after the checkpoint), so a step newer than the pointer, left by a write that
         died before updating it, is used too. Each step skipped is named in a warning. The
-        verified copy stays in the cache, and its loaded state in memory, for `load`."""
-        steps = sorted(self.store.steps(), reverse=True)
+        verified copy stays in the cache, and its loaded state in memory, for `load`. With
+        `newer_than` (a snapshot's step) only newer steps are looked at, and finding none
+        intact is no error."""
+        every = sorted(self.store.steps(), reverse=True)
+        steps = every if newer_than is None else [step for step in every if step > newer_than]
         committed = self.committed_step()
-        if committed is not None and committed not in steps:
+        if committed is not None and committed not in every:
             log.warning("%s/%s names step %d, which is not there", self.store.uri, LATEST_FILE, committed)
         for step in steps:
             if self.fetch_verified(step) and self._loads(step):
@@ -86,7 +92,7 @@ class Checkpointer:
                         step, LATEST_FILE, committed,
                     )  # fmt: skip
                 return step
-        if steps:
+        if steps and newer_than is None:
             raise CheckpointError(
                 "checkpoint.uri",
                 self.store.uri,
@@ -152,9 +158,13 @@ class Checkpointer:
         self.store.evict(f"step-{step}/{CHECKPOINT_FILE}", self.cache)
 
     def save(self, state: dict[str, Any], *, step: int, epoch: int, world_size: int) -> SavedCheckpoint:
-        """Stage the checkpoint and its manifest on local disk, publish them as the step,
-        then name it in `latest.json`, then apply retention."""
+        """Stage the checkpoint, publish it as the step, name it in `latest.json`, apply retention."""
         started = time.perf_counter()
+        staging = self.stage(state, step=step, epoch=epoch, world_size=world_size)
+        return self.commit(step, staging, started)
+
+    def stage(self, state: dict[str, Any], *, step: int, epoch: int, world_size: int) -> Path:
+        """Serialize the checkpoint and its manifest into a new staging folder of the store."""
         staging = self.store.staging(step, self.cache)
         try:
             checkpoint = staging / CHECKPOINT_FILE
@@ -172,6 +182,24 @@ class Checkpointer:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        return staging
+
+    def adopt(self, step: int, staged: Path) -> Path:
+        """A staging folder of this store holding the files of `staged` (another store's, or
+        one a publish would consume): hard links where they share a filesystem, else copies."""
+        staging = self.store.staging(step, self.cache)
+        for name in (CHECKPOINT_FILE, MANIFEST_FILE):
+            try:
+                os.link(staged / name, staging / name)
+            except OSError:
+                shutil.copyfile(staged / name, staging / name)
+        return staging
+
+    def commit(self, step: int, staging: Path, started: float | None = None) -> SavedCheckpoint:
+        """Publish a staged step, then name it in `latest.json` (read back), then apply
+        retention; the staging folder is consumed."""
+        started = time.perf_counter() if started is None else started
+        size = (staging / CHECKPOINT_FILE).stat().st_size
         self.store.publish(step, staging, [CHECKPOINT_FILE, MANIFEST_FILE])
         pointer = _json({"step": step, "path": f"step-{step}"})
         self.store.put(LATEST_FILE, pointer)
@@ -179,6 +207,29 @@ class Checkpointer:
             raise OSError(f"{self.store.uri}/{LATEST_FILE} does not read back as written")
         self._apply_retention(step)
         return SavedCheckpoint(step, self.store.location(step), size, time.perf_counter() - started)
+
+    def keep_newest(self, count: int) -> None:
+        """Remove all but the newest `count` steps."""
+        steps = self.store.steps()
+        for step in steps[: max(0, len(steps) - count)]:
+            self.store.delete_step(step)
+
+    def lineage(self, *, fresh: bool) -> str:
+        """The id of the run history this store holds (`lineage.json`): created when absent,
+        or anew when `fresh` (a run that starts over), so node-local snapshots of any other
+        history are told apart from this one's."""
+        raw = None if fresh else self.store.get(LINEAGE_FILE)
+        try:
+            return str(json.loads(raw)["id"]) if raw is not None else self._new_lineage()
+        except (ValueError, KeyError, TypeError):
+            log.warning("%s/%s is unreadable; starting a new lineage", self.store.uri, LINEAGE_FILE)
+            return self._new_lineage()
+
+    def _new_lineage(self) -> str:
+        lineage = uuid.uuid4().hex[:16]
+        created = datetime.now(timezone.utc).isoformat()
+        self.store.put(LINEAGE_FILE, _json({"id": lineage, "created_at": created}))
+        return lineage
 
     def _apply_retention(self, latest: int) -> None:
         """Keep the newest `keep_last` steps, the latest one and any this run resumed from."""

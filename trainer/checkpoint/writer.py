@@ -1,56 +1,53 @@
-"""Rank 0's checkpoint writes: snapshot at the step boundary, write in the background.
+"""A node's checkpoint writes, seen from the training process.
 
-Training pauses only for the copy into host memory; serialization, upload, `latest.json`
-and retention happen on a worker thread. One write is in flight at most: the next save
-waits for it, for a bounded time (its peers wait in a collective meanwhile), and so does the
-end of the run. A write that keeps failing is reported loudly and training goes on, since
-the previous checkpoint is still intact.
+At the step boundary the state is copied into a shared-memory host buffer, the only pause
+training sees; the writer process (`writer_process.py`) then writes the node-local snapshot
+and, on rank 0, stages and uploads the durable checkpoint, outside this process's GIL.
+The host buffer is refilled only after the writer has read it, and one durable write is in
+flight at most: a save waits for them for a bounded time (its peers wait in a collective
+meanwhile), and so does the end of the run. A write that keeps failing is reported loudly
+and training goes on, since the previous checkpoint is still intact. With
+`async_save=false` the same work runs inline.
 
-Waiting is on an Event, not `Thread.join`: in Python 3.11 a signal handler that raises
-while the main thread is in `join()` can leave the thread marked stopped, so that a later
-`join()` returns at once while the upload still runs (and dies at exit)."""
+Waiting is on Events, not `Thread.join`: in Python 3.11 a signal handler that raises while
+the main thread is in `join()` can leave the thread marked stopped.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
+import pickle
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import torch
-
 from trainer.checkpoint.manager import Checkpointer
+from trainer.checkpoint.shared_state import SharedStateBuffer
+from trainer.checkpoint.snapshots import SnapshotDir
+from trainer.checkpoint.writer_process import WriterSetup
+from trainer.checkpoint.writing import (
+    AttemptFailed,
+    Event,
+    Published,
+    PublishFailed,
+    SaveRequest,
+    SaveWork,
+    Staged,
+)
+from trainer.config import CheckpointConfig
 from trainer.log import event
 
-log = logging.getLogger("trainer.checkpoint")
-WRITER_NICENESS = 10
-
-
-def to_host(value: Any) -> Any:
-    """A private copy of every tensor in a nested state, on the CPU."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {key: to_host(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(to_host(item) for item in value)
-    return value
-
-
-def _yield_cpu_to_training() -> None:
-    """Lower this thread's CPU priority (Linux threads have their own nice value; the
-    upload threads it starts inherit it), so serialization, hashing and upload fill idle
-    cycles instead of taking them from the loop and its data loaders."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
+# not `-m`: the package already imports the module, and runpy would run a second copy
+WRITER_MAIN = "from trainer.checkpoint.writer_process import main; raise SystemExit(main())"
 
 
 @dataclass
 class CheckpointStats:
-    """What the metrics exporter reports about checkpoints (written by the worker thread)."""
+    """What the metrics exporter reports about checkpoints and snapshots."""
 
     saves_total: int = 0
     failures_total: int = 0
@@ -59,99 +56,219 @@ class CheckpointStats:
     last_bytes: int = 0
     last_write_seconds: float = 0.0
     last_stall_seconds: float = 0.0
+    snapshots_total: int = 0
+    snapshot_failures_total: int = 0
+    last_snapshot_step: int | None = None
+    last_snapshot_bytes: int = 0
+    last_snapshot_seconds: float = 0.0
 
 
 class CheckpointWriter:
-    """Snapshots and writes checkpoints for rank 0; `background=False` writes inline."""
+    """Saves of one node: snapshots (every node's first rank) and durable checkpoints (rank 0)."""
 
     def __init__(
-        self, checkpointer: Checkpointer, *, background: bool, attempts: int, logger: logging.Logger
+        self,
+        durable: Checkpointer | None,
+        config: CheckpointConfig,
+        logger: logging.Logger,
+        *,
+        snapshots: bool = False,
     ) -> None:
-        self.checkpointer, self.background, self.attempts, self.log = (
-            checkpointer,
-            background,
-            attempts,
-            logger,
-        )
+        """`durable` is rank 0's store (None elsewhere); `snapshots` whether this rank may
+        keep snapshots. `config.async_save` chooses the writer process over inline writes;
+        a rank that writes neither starts no process."""
+        self.durable, self.config, self.attempts, self.log = durable, config, config.attempts, logger
+        self.snapshots: SnapshotDir | None = None
         self.stats = CheckpointStats()
-        self._idle = threading.Event()
-        self._idle.set()
+        self._staged = threading.Event()
+        self._durable_idle = threading.Event()
+        self._staged.set()
+        self._durable_idle.set()
         self._writing: int | None = None
+        self._stalls: dict[int, float] = {}
+        self._buffer: SharedStateBuffer | None = None
+        self._process: subprocess.Popen | None = None
+        self._inline: SaveWork | None = None
+        self._snapshot_failing = False
+        if config.async_save and (durable is not None or snapshots):
+            # started now: its imports overlap the run's start-up; it waits for its setup
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", WRITER_MAIN],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                start_new_session=True,  # a Ctrl-C to the terminal's group is for the trainer
+            )
+
+    def start(self, snapshots: SnapshotDir | None) -> None:
+        """Begin writing: durable checkpoints if this rank has a store, snapshots if given."""
+        self.snapshots = snapshots
+        if self._process is not None and self.durable is None and snapshots is None:
+            self._process.stdin.close()  # nothing to write on this rank after all
+            self._process = None
+        if self._process is None:
+            snapshot_store = snapshots.checkpointer() if snapshots is not None else None
+            self._inline = SaveWork(self.durable, snapshot_store, self.attempts, self._on_event)
+            return
+        durable = self.durable
+        setup = WriterSetup(
+            durable=None if durable is None else self.config,
+            cache=durable.cache if durable is not None else Path(),
+            snapshots=snapshots,
+            attempts=self.attempts,
+        )
+        self._send(setup)
+        self._buffer = SharedStateBuffer()
+        threading.Thread(target=self._listen, name="checkpoint-events", daemon=True).start()
 
     def save(
-        self, state: dict[str, Any], *, step: int, epoch: int, world_size: int, wait_s: float | None = None
+        self,
+        state: dict[str, Any],
+        *,
+        step: int,
+        epoch: int,
+        world_size: int,
+        durable: bool,
+        wait_s: float | None = None,
     ) -> bool:
-        """Copy `state` now; write it now or in the background. If the write before it is still
-        running after `wait_s` seconds, skip this one (logged) rather than hold up the ranks."""
-        if not self.wait(wait_s):
+        """Copy `state` now and write it: a snapshot if this node keeps them, the durable
+        checkpoint if `durable`. If the writes before it are still running after `wait_s`
+        seconds, skip this one (logged) rather than hold up the ranks."""
+        durable = durable and self.durable is not None
+        started = time.perf_counter()
+        ready = self._staged.wait(wait_s) and (not durable or self._durable_idle.wait(wait_s))
+        if not ready:
             self.log.warning(
                 "checkpoint step %d skipped: the write of step %s is still running after %.0fs",
                 step, self._writing, wait_s,
             )  # fmt: skip
             return False
-        started = time.perf_counter()
-        snapshot = to_host(state)
-        self.stats.last_stall_seconds = time.perf_counter() - started
-        if not self.background:
-            self._write(snapshot, step, epoch, world_size)
+        request = SaveRequest(
+            step, epoch, world_size, self.snapshots is not None, durable, frozenset(self._protected())
+        )
+        if self._inline is not None:
+            staged = self._inline.stage(state, request)
+            self.stats.last_stall_seconds = self._stalls[step] = time.perf_counter() - started
+            if staged is not None:
+                self._inline.publish(staged, request)
             return True
-        self._idle.clear()
-        self._writing = step
-        # a daemon thread: an exit waits for it only as long as `close` allows
-        threading.Thread(
-            target=self._write, args=(snapshot, step, epoch, world_size), name="checkpoint", daemon=True
-        ).start()
+        try:
+            shared = self._buffer.fill(state)
+        except OSError as error:
+            self.log.error("checkpoint step %d NOT saved: no shared memory for its copy (%s)", step, error)
+            self.stats.failures_total += durable
+            return False
+        self.stats.last_stall_seconds = self._stalls[step] = time.perf_counter() - started
+        self._staged.clear()
+        if durable:
+            self._durable_idle.clear()
+            self._writing = step
+        self._send((request, shared))
         return True
 
+    def _protected(self) -> set[int]:
+        return set() if self.durable is None else self.durable.protected
+
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the write in flight has finished; False if `timeout` ran out first."""
-        return self._idle.wait(timeout)
+        """Block until every write handed over has finished; False if `timeout` ran out."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for done in (self._staged, self._durable_idle):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not done.wait(left):
+                return False
+        return True
 
     def close(self, timeout: float) -> None:
-        """Let the last write finish, for up to `timeout` seconds."""
+        """Let the last write finish, for up to `timeout` seconds, and let the writer go."""
         if not self.wait(timeout):
             self.log.error("checkpoint write still running after %.0fs; exiting without it", timeout)
+        if self._process is not None:
+            self._process.stdin.close()  # the writer finishes what it holds and exits
+            self._process = None
+        if self._buffer is not None:
+            self._buffer.close()
 
-    def _write(self, snapshot: dict[str, Any], step: int, epoch: int, world_size: int) -> None:
+    def _send(self, message: object) -> None:
         try:
-            self._write_with_retries(snapshot, step, epoch, world_size)
-        finally:
-            self._idle.set()
+            pickle.dump(message, self._process.stdin)
+            self._process.stdin.flush()
+        except OSError:  # the writer died: `_listen` reports it and switches to inline writes
+            pass
 
-    def _write_with_retries(self, snapshot: dict[str, Any], step: int, epoch: int, world_size: int) -> None:
-        if self.background:
-            _yield_cpu_to_training()
-        for attempt in range(1, self.attempts + 1):
+    def _listen(self) -> None:
+        """Turn the writer process's events into stats and log lines until it exits."""
+        process = self._process
+        while True:
             try:
-                saved = self.checkpointer.save(snapshot, step=step, epoch=epoch, world_size=world_size)
-            except Exception as error:  # any failure of this write; the run goes on
-                self.log.warning(
-                    "checkpoint step %d attempt %d/%d failed: %s", step, attempt, self.attempts, error
-                )
-                if attempt < self.attempts:
-                    time.sleep(min(30.0, 2.0**attempt))
-                continue
-            stats = self.stats
+                self._on_event(pickle.load(process.stdout))
+            except (EOFError, OSError, pickle.UnpicklingError):
+                break
+        if self._process is process:  # it died under a running trainer
+            code = process.wait()
+            self.log.error(
+                "the checkpoint writer process exited (code %s); writing checkpoints inline from now on", code
+            )
+            self._process = None
+            snapshot_store = self.snapshots.checkpointer() if self.snapshots is not None else None
+            self._inline = SaveWork(self.durable, snapshot_store, self.attempts, self._on_event)
+            if not self._durable_idle.is_set():
+                self._on_event(PublishFailed(self._writing or -1, 0))
+            self._staged.set()
+
+    def _on_event(self, happened: Event) -> None:
+        stats = self.stats
+        if isinstance(happened, Staged):
+            self._on_staged(happened)
+        elif isinstance(happened, AttemptFailed):
+            self.log.warning(
+                "checkpoint step %d attempt %d/%d failed: %s",
+                happened.step, happened.attempt, happened.attempts, happened.error,
+            )  # fmt: skip
+        elif isinstance(happened, Published):
             stats.saves_total += 1
-            stats.last_success_step, stats.last_success_timestamp = step, time.time()
-            stats.last_bytes, stats.last_write_seconds = saved.size_bytes, saved.seconds
+            stats.last_success_step, stats.last_success_timestamp = happened.step, time.time()
+            stats.last_bytes, stats.last_write_seconds = happened.size_bytes, happened.seconds
+            stall = self._stalls.pop(happened.step, 0.0)
+            megabytes = happened.size_bytes / 1e6
             event(
                 self.log,
                 "checkpoint",
-                f"checkpoint step {saved.step} -> {saved.location} ({saved.size_bytes / 1e6:.1f} MB, "
-                f"paused training {stats.last_stall_seconds:.3f}s, written in {saved.seconds:.2f}s)",
-                step=saved.step,
-                location=saved.location,
-                bytes=saved.size_bytes,
-                write_seconds=round(saved.seconds, 4),
-                stall_seconds=round(stats.last_stall_seconds, 4),
+                f"checkpoint step {happened.step} -> {happened.location} ({megabytes:.1f} MB, "
+                f"paused training {stall:.3f}s, written in {happened.seconds:.2f}s)",
+                step=happened.step,
+                location=happened.location,
+                bytes=happened.size_bytes,
+                write_seconds=round(happened.seconds, 4),
+                stall_seconds=round(stall, 4),
             )
-            return
-        self.stats.failures_total += 1
-        self.log.error(
-            "CHECKPOINT FAILED: step %d was not saved after %d attempts; the newest checkpoint is "
-            "still step %s",
-            step,
-            self.attempts,
-            self.stats.last_success_step,
-        )
+            self._durable_idle.set()
+        elif isinstance(happened, PublishFailed):
+            stats.failures_total += 1
+            self._stalls.pop(happened.step, None)
+            self.log.error(
+                "CHECKPOINT FAILED: step %d was not saved after %d attempts; the newest checkpoint is "
+                "still step %s",
+                happened.step, happened.attempts, stats.last_success_step,
+            )  # fmt: skip
+            self._durable_idle.set()
+
+    def _on_staged(self, staged: Staged) -> None:
+        stats = self.stats
+        if staged.snapshot_error:
+            if not self._snapshot_failing:  # once per streak, not every few steps
+                self.log.warning(
+                    "snapshot step %d failed: %s; the newest snapshot is step %s",
+                    staged.step, staged.snapshot_error, stats.last_snapshot_step,
+                )  # fmt: skip
+            self._snapshot_failing = True
+            stats.snapshot_failures_total += 1
+        elif staged.snapshot_bytes:
+            if self._snapshot_failing:
+                self.log.info("snapshots are written again from step %d", staged.step)
+            self._snapshot_failing = False
+            stats.snapshots_total += 1
+            stats.last_snapshot_step = staged.step
+            stats.last_snapshot_bytes = staged.snapshot_bytes
+            stats.last_snapshot_seconds = staged.snapshot_seconds
+        if self._writing != staged.step:
+            self._stalls.pop(staged.step, None)
+        self._staged.set()

@@ -1,0 +1,153 @@
+"""A training state handed to the writer process through one shared-memory file.
+
+The training process lays the state's tensors out once in a file under `/dev/shm` and, at
+each save, copies them into it (the only pause the loop sees); the writer process maps the
+same file and reads them in place. What is not a tensor (progress, config, step counters)
+travels in the message as plain pickle. A new layout (the optimizer's state appears after
+the first step) gets a new file. Each tensor is its own storage on the reading side, so
+`torch.save` writes each once, with no bytes of its neighbours.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ALIGN = 64  # every tensor starts on a cache line, so that any dtype can view its bytes
+
+
+def shared_memory_dir() -> Path:
+    """Where host buffers are shared: /dev/shm on Linux, the temp dir where it is absent."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm
+    import tempfile
+
+    return Path(tempfile.gettempdir())
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    offset: int
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SharedState:
+    """What the writer process needs to rebuild a staged state: the file, where each tensor
+    lies in it, and the pickled rest of the tree with `_Ref(index)` in the tensors' places."""
+
+    path: str
+    size: int
+    slots: tuple[TensorSlot, ...]
+    skeleton: bytes
+
+
+@dataclass(frozen=True)
+class _Ref:
+    index: int
+
+
+def split_tensors(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """`value` with each tensor appended to `tensors` and replaced by its index there."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value.detach())
+        return _Ref(len(tensors) - 1)
+    if isinstance(value, dict):
+        return {key: split_tensors(item, tensors) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(split_tensors(item, tensors) for item in value)
+    return value
+
+
+def join_tensors(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """What `split_tensors` took apart, with `tensors` put back in their places."""
+    if isinstance(value, _Ref):
+        return tensors[value.index]
+    if isinstance(value, dict):
+        return {key: join_tensors(item, tensors) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(join_tensors(item, tensors) for item in value)
+    return value
+
+
+class SharedStateBuffer:
+    """The training process's side: copies a state into the shared file at each save."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self.folder = folder or shared_memory_dir()
+        self.path: Path | None = None
+        self._layout: tuple[tuple[torch.dtype, tuple[int, ...]], ...] | None = None
+        self._slots: tuple[TensorSlot, ...] = ()
+        self._views: list[torch.Tensor] = []
+        self._size = 0
+
+    def fill(self, state: dict[str, Any]) -> SharedState:
+        """Copy every tensor of `state` into the shared file (laid out anew if its shapes
+        changed). Raises OSError when the file cannot get its space."""
+        tensors: list[torch.Tensor] = []
+        skeleton = pickle.dumps(split_tensors(state, tensors), protocol=pickle.HIGHEST_PROTOCOL)
+        layout = tuple((t.dtype, tuple(t.shape)) for t in tensors)
+        if layout != self._layout:
+            self._allocate(layout)
+        torch._foreach_copy_(self._views, [tensor.reshape(-1) for tensor in tensors])
+        return SharedState(str(self.path), self._size, self._slots, skeleton)
+
+    def _allocate(self, layout: tuple[tuple[torch.dtype, tuple[int, ...]], ...]) -> None:
+        self.close()
+        slots, offset = [], 0
+        for dtype, shape in layout:
+            nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+            slots.append(TensorSlot(offset, nbytes, str(dtype).removeprefix("torch."), shape))
+            offset += -(-nbytes // ALIGN) * ALIGN
+        size = max(offset, ALIGN)
+        path = self.folder / f"ddp-trainer-state-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            # reserve every page now: a tmpfs that runs out later kills with SIGBUS instead
+            os.posix_fallocate(descriptor, 0, size)
+        except OSError:
+            path.unlink()
+            raise
+        finally:
+            os.close(descriptor)
+        self.path, self._layout, self._slots, self._size = path, layout, tuple(slots), size
+        self._views = [view.reshape(-1) for view in map_slots(str(path), size, self._slots)]
+
+    def close(self) -> None:
+        """Remove the file; a reader that mapped it keeps its mapping until it lets go."""
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+        self.path, self._layout, self._views = None, None, []
+
+
+def map_slots(path: str, size: int, slots: tuple[TensorSlot, ...]) -> list[torch.Tensor]:
+    """Each slot of the shared file as a tensor over its own bytes (shared, not copied)."""
+    whole = np.memmap(path, dtype=np.uint8, mode="r+", shape=(size,))
+    return [
+        torch.from_numpy(whole[slot.offset : slot.offset + slot.nbytes])
+        .view(getattr(torch, slot.dtype))
+        .view(slot.shape)
+        for slot in slots
+    ]
+
+
+class SharedStateReader:
+    """The writer process's side: the state a message describes, read from the shared file."""
+
+    def __init__(self) -> None:
+        self._mapped: tuple[str, list[torch.Tensor]] | None = None
+
+    def open(self, shared: SharedState) -> dict[str, Any]:
+        if self._mapped is None or self._mapped[0] != shared.path:
+            self._mapped = (shared.path, map_slots(shared.path, shared.size, shared.slots))
+        return join_tensors(pickle.loads(shared.skeleton), self._mapped[1])

@@ -1,0 +1,144 @@
+"""Node-local snapshots: the newest training state in memory-backed storage on every node.
+
+Layout under `checkpoint.snapshot_dir`: one folder per checkpoint location (a hash of its
+URI), and in it one folder per lineage, the id the store keeps in `lineage.json`. A run that
+starts over (a new or emptied `checkpoint.uri`, or `checkpoint.resume=false`) gets a new
+lineage, so snapshots a previous run left in /dev/shm are never mistaken for this one's, and
+they are removed. Inside, snapshots are checkpoints in the store format (manifest, sha256),
+at most two: the oldest is removed before the next is written, so the newest intact one is
+never overwritten. `reached` records the last step this node completed, for the count of
+steps a recovery lost. `writer.lock` is held by the process writing snapshots, so that a
+restarted node waits for a write still in flight before it looks.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import mmap
+import os
+import shutil
+import struct
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from trainer.checkpoint.manager import Checkpointer
+from trainer.checkpoint.shared_state import shared_memory_dir
+from trainer.checkpoint.store import LocalStore
+from trainer.config import CheckpointConfig
+
+log = logging.getLogger("trainer.checkpoint")
+KEEP = 2
+LOCK_FILE, REACHED_FILE = "writer.lock", "reached"
+
+
+def snapshot_root(config: CheckpointConfig) -> Path:
+    """This checkpoint location's folder under `snapshot_dir`."""
+    digest = hashlib.sha256(config.uri.encode()).hexdigest()[:12]
+    return Path(config.snapshot_dir) / digest
+
+
+class SnapshotDir:
+    """One node's snapshots of one lineage."""
+
+    def __init__(self, config: CheckpointConfig, lineage: str) -> None:
+        self.root = snapshot_root(config)
+        self.folder = self.root / lineage
+        self.lineage = lineage
+        self._reached: mmap.mmap | None = None
+
+    def checkpointer(self) -> Checkpointer:
+        """The snapshots as a store: published like checkpoints, the two newest kept."""
+        return Checkpointer(LocalStore(self.folder), keep_last=KEEP, cache=self.folder)
+
+    def room_for(self, state_bytes: int) -> str | None:
+        """Why two snapshots (and the shared host copy, when it lives on the same
+        filesystem) do not fit, or None when they do. Space held by older snapshots of this
+        lineage is counted as free: they are replaced."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.root).free + _bytes_under(self.folder)
+        copies = KEEP + (os.stat(self.root).st_dev == os.stat(shared_memory_dir()).st_dev)
+        needed = copies * state_bytes
+        if free >= needed:
+            return None
+        return (
+            f"{self.root} has {free / 2**20:.0f} MiB free, {copies} copies of the "
+            f"{state_bytes / 2**20:.0f} MiB state need {needed / 2**20:.0f} MiB"
+        )
+
+    def remove_other_lineages(self) -> None:
+        """Snapshots of a run that started over are of no use to this one: free their memory."""
+        if not self.root.is_dir():
+            return
+        for entry in self.root.iterdir():
+            if entry.is_dir() and entry.name != self.lineage:
+                shutil.rmtree(entry, ignore_errors=True)
+
+    def newest(self) -> tuple[int, dict[str, Any]] | None:
+        """The newest snapshot that verifies (sha256) and loads, with its state; damaged
+        ones are named in a warning and skipped."""
+        if not self.folder.is_dir():
+            return None
+        checkpointer = self.checkpointer()
+        for step in sorted(checkpointer.store.steps(), reverse=True):
+            if checkpointer.fetch_verified(step):
+                try:
+                    return step, checkpointer.load(step)
+                except Exception as error:  # whatever unpickling damaged bytes raises
+                    log.warning("snapshot step %d in %s does not load (%s)", step, self.folder, error)
+        return None
+
+    def remove(self) -> None:
+        """Free this location's snapshot memory (the run is over and the store holds its end)."""
+        if self._reached is not None:
+            self._reached.close()
+            self._reached = None
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def reached(self) -> int | None:
+        """The last step this node recorded as completed, if it kept its memory."""
+        try:
+            return struct.unpack("<q", (self.folder / REACHED_FILE).read_bytes()[:8])[0]
+        except (FileNotFoundError, struct.error):
+            return None
+
+    def mark(self, step: int) -> None:
+        """Record `step` as completed: one 8-byte store into a mapped page, cheap every step."""
+        if self._reached is None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            path = self.folder / REACHED_FILE
+            with open(path, "a+b") as handle:
+                handle.truncate(8)
+                self._reached = mmap.mmap(handle.fileno(), 8)
+        struct.pack_into("<q", self._reached, 0, step)
+
+    @contextmanager
+    def writing(self, timeout_s: float) -> Iterator[bool]:
+        """Hold the writer lock (True), or give up after `timeout_s` (False): a writer of a
+        previous attempt may still be finishing the snapshot it was given."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        handle = open(self.root / LOCK_FILE, "a+b")  # noqa: SIM115 (held across the yield)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        yield False
+                        return
+                    time.sleep(0.05)
+            yield True
+        finally:
+            handle.close()
+
+
+def _bytes_under(folder: Path) -> int:
+    if not folder.is_dir():
+        return 0
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())

@@ -1,0 +1,93 @@
+"""The checkpoint writer process (`main`), started by `writer.CheckpointWriter`.
+
+Started by a node's first rank at the start of training. It serializes, hashes and uploads
+in its own interpreter, so none of that holds the training process's GIL, at a lower CPU
+priority, so it fills idle cycles. It reads pickled messages on stdin (a `WriterSetup`,
+then `(SaveRequest, SharedState)` pairs) and answers with pickled events on stdout. The
+next stage waits for nothing but the previous stage; the upload runs on a thread, one at a
+time. When its parent is gone (stdin closes, a SIGKILLed rank included) it finishes what it
+was given, the snapshot in flight and the upload, and exits: a killed rank loses no state it
+had already handed over. Signals meant for the training process group do not stop it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import sys
+import threading
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from trainer.checkpoint.manager import Checkpointer
+from trainer.checkpoint.shared_state import SharedStateReader
+from trainer.checkpoint.snapshots import SnapshotDir
+from trainer.checkpoint.store import open_store
+from trainer.checkpoint.writing import Event, SaveWork
+from trainer.config import CheckpointConfig
+
+WRITER_NICENESS = 10
+LOCK_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class WriterSetup:
+    """What the writer writes to: the durable store (rank 0 only), the node's snapshots."""
+
+    durable: CheckpointConfig | None
+    cache: Path
+    snapshots: SnapshotDir | None
+    attempts: int
+
+
+def _receive(inbox: BinaryIO) -> object | None:
+    try:
+        return pickle.load(inbox)
+    except EOFError:
+        return None
+
+
+def serve(inbox: BinaryIO, outbox: BinaryIO) -> None:
+    setup = _receive(inbox)
+    if not isinstance(setup, WriterSetup):
+        return
+    sending = threading.Lock()
+
+    def emit(event: Event) -> None:
+        with sending, contextlib.suppress(OSError):  # a parent that is gone reads no events
+            pickle.dump(event, outbox)
+            outbox.flush()
+
+    durable = None
+    if setup.durable is not None:
+        durable = Checkpointer(open_store(setup.durable), setup.durable.keep_last, setup.cache)
+    snapshots = setup.snapshots.checkpointer() if setup.snapshots is not None else None
+    work = SaveWork(durable, snapshots, setup.attempts, emit)
+    reader = SharedStateReader()
+    upload: threading.Thread | None = None
+    lock = setup.snapshots.writing(LOCK_WAIT_S) if setup.snapshots is not None else nullcontext(True)
+    with lock:
+        while (message := _receive(inbox)) is not None:
+            request, shared = message
+            staged = work.stage(reader.open(shared), request)
+            if staged is not None:
+                if upload is not None:
+                    upload.join()
+                upload = threading.Thread(target=work.publish, args=(staged, request), name="upload")
+                upload.start()
+    if upload is not None:
+        upload.join()
+
+
+def main() -> int:
+    for name in ("SIGINT", "SIGTERM"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    os.nice(WRITER_NICENESS)
+    outbox = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    sys.stdout = sys.stderr  # anything printed must not corrupt the event stream
+    serve(sys.stdin.buffer, outbox)
+    return 0
