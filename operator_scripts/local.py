@@ -67,6 +67,7 @@ class LocalPod:
     env: dict[str, str]
     folder: Path
     empty_dirs: list[Path]
+    shm: Path | None = None  # the volume mounted at /dev/shm, bound there in the sandbox
     start_at: float = 0.0
     phase: Phase = "Pending"
     restarts: int = 0
@@ -205,7 +206,7 @@ def prepare(
             argv = [sys.executable, "-m", CONSOLE_SCRIPTS[argv[0]], *argv[1:]]
         address = f"127.0.0.{index + 2}"
         argv += ["--set", f"metrics.address={address}"]
-        pods.append(LocalPod(plan, address, argv, env, folder, empty_dirs))
+        pods.append(LocalPod(plan, address, argv, env, folder, empty_dirs, mounts.get("/dev/shm")))
     return pods
 
 
@@ -238,14 +239,15 @@ class HostsTable:
             handle.truncate()
 
 
-def sandbox_command(hostname: str, hosts: HostsTable) -> list[str]:
+def sandbox_command(hostname: str, hosts: HostsTable, shm: Path | None = None) -> list[str]:
     """The prefix that runs a command as a pod: new UTS and mount namespaces (a user
-    namespace too when not root), the pod's host name and the job's hosts table."""
+    namespace too when not root), the pod's host name, the job's hosts table and the pod's
+    own /dev/shm."""
     user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
     return [
         "unshare", *user, "--mount", "--uts", "--propagation", "private", "--",
         sys.executable, "-m", "operator_scripts.pod_sandbox",
-        hostname, str(hosts.path), str(hosts.nsswitch), "--",
+        hostname, str(hosts.path), str(hosts.nsswitch), str(shm or "-"), "--",
     ]  # fmt: skip
 
 
@@ -273,7 +275,7 @@ def _start(pod: LocalPod, hosts: HostsTable) -> None:
     cwd = pod.env.get("HOME") if Path(pod.env.get("HOME", "")).is_dir() else pod.folder
     hosts.set(pod.name, pod.address)
     pod.process = subprocess.Popen(
-        [*sandbox_command(pod.name, hosts), *pod.command],
+        [*sandbox_command(pod.name, hosts, pod.shm), *pod.command],
         env=pod.env,
         cwd=cwd,
         stdout=pod.log,

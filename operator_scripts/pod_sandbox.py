@@ -1,9 +1,11 @@
 """Inside a fresh UTS and mount namespace (made by `unshare`), give a local "pod" what a real
 one has: its own host name, and name resolution through the job's table of running pods.
 
-`python -m operator_scripts.pod_sandbox HOSTNAME HOSTS_FILE NSSWITCH_FILE -- COMMAND...`
-sets the host name, bind-mounts the two files over /etc/hosts and /etc/nsswitch.conf (for
-this namespace only; the host's files are untouched) and execs COMMAND. With `hosts: files`
+`python -m operator_scripts.pod_sandbox HOSTNAME HOSTS_FILE NSSWITCH_FILE SHM_DIR -- COMMAND...`
+sets the host name, bind-mounts the two files over /etc/hosts and /etc/nsswitch.conf and
+the pod's shared-memory folder over /dev/shm (`-`: none), for this namespace only (the
+host's files are untouched), and execs COMMAND. A pod's /dev/shm is its own, as the
+chart's memory-backed emptyDir is: its snapshots are lost with the pod, not shared. With `hosts: files`
 alone, a pod name that is not in the table fails to resolve at once, as a headless
 Service's name does while its pod is not Ready; nothing is asked of the host's DNS.
 """
@@ -27,12 +29,14 @@ def bind_mount(source: str, target: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    hostname, hosts, nsswitch, separator, *command = argv
+    hostname, hosts, nsswitch, shm, separator, *command = argv
     if separator != "--" or not command:
-        raise SystemExit("usage: pod_sandbox HOSTNAME HOSTS NSSWITCH -- COMMAND...")
+        raise SystemExit("usage: pod_sandbox HOSTNAME HOSTS NSSWITCH SHM_DIR -- COMMAND...")
     socket.sethostname(hostname)
     bind_mount(hosts, "/etc/hosts")
     bind_mount(nsswitch, "/etc/nsswitch.conf")
+    if shm != "-":
+        bind_mount(shm, "/dev/shm")
     os.execvp(command[0], command)
 
 

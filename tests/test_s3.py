@@ -88,29 +88,46 @@ def test_a_corrupted_object_is_caught_by_its_sha256(s3_bucket, tmp_path, caplog)
     assert "step 2" in caplog.text and "sha256" in caplog.text
 
 
-def test_a_failing_write_is_retried_then_reported_and_latest_is_untouched(s3_bucket, tmp_path, caplog):
-    checkpointer = s3_checkpointer(s3_bucket, "failing", tmp_path)
-    writer = CheckpointWriter(checkpointer, background=True, attempts=2, logger=logging.getLogger("trainer"))
-    writer.save(big_state(1, 1), step=1, epoch=0, world_size=1)
-    assert writer.wait(timeout=60)
-    checkpointer.store.bucket = "no-such-bucket-anywhere"  # every later request fails for real
-    with caplog.at_level(logging.WARNING, logger="trainer"):
-        writer.save(big_state(1, 2), step=2, epoch=0, world_size=1)
-        assert writer.wait(timeout=60)
-    assert "attempt 1/2 failed" in caplog.text and "CHECKPOINT FAILED: step 2" in caplog.text
-    assert (writer.stats.saves_total, writer.stats.failures_total, writer.stats.last_success_step) == (
-        1,
-        1,
-        1,
+def background_writer(checkpointer: Checkpointer, attempts: int) -> CheckpointWriter:
+    """The writer process, as rank 0 starts it (it reads the endpoint from the environment)."""
+    uri = checkpointer.store.uri
+    config = CheckpointConfig(uri=uri, multipart_chunk_mb=5, attempts=attempts, keep_last=2)
+    writer = CheckpointWriter(checkpointer, config, logging.getLogger("trainer"))
+    writer.start(None)
+    return writer
+
+
+def test_a_failing_write_is_retried_then_reported_and_latest_is_untouched(
+    s3_bucket, tmp_path, caplog, monkeypatch
+):
+    failing = threading.Event()
+    proxy = FaultProxy(
+        s3_bucket.endpoint, every=1, faults=("503",), matches=lambda method, path: failing.is_set()
     )
+    with proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        monkeypatch.setenv("AWS_RETRY_MODE", "standard")
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+        checkpointer = s3_checkpointer(s3_bucket, "failing", tmp_path)
+        writer = background_writer(checkpointer, attempts=2)
+        writer.save(big_state(1, 1), step=1, epoch=0, world_size=1, durable=True)
+        assert writer.wait(timeout=60)
+        failing.set()  # every later request to S3 fails, in the writer process too
+        with caplog.at_level(logging.WARNING, logger="trainer"):
+            writer.save(big_state(1, 2), step=2, epoch=0, world_size=1, durable=True)
+            assert writer.wait(timeout=60)
+        writer.close(60)
+    assert "attempt 1/2 failed" in caplog.text and "CHECKPOINT FAILED: step 2" in caplog.text
+    stats = writer.stats
+    assert (stats.saves_total, stats.failures_total, stats.last_success_step) == (1, 1, 1)
     assert s3_bucket.latest_step("failing") == 1
 
 
 def test_a_background_write_does_not_see_later_changes(s3_bucket, tmp_path):
     checkpointer = s3_checkpointer(s3_bucket, "snapshot", tmp_path)
-    writer = CheckpointWriter(checkpointer, background=True, attempts=1, logger=logging.getLogger("trainer"))
+    writer = background_writer(checkpointer, attempts=1)
     live = big_state(8, 5)
-    writer.save(live, step=5, epoch=0, world_size=1)
+    writer.save(live, step=5, epoch=0, world_size=1, durable=True)
     live["model"]["weight"].fill_(-1.0)  # training goes on and mutates parameters in place
     writer.close(timeout=60)
     assert torch.equal(s3_bucket.load("snapshot")["model"]["weight"], torch.full((8 * 2**18,), 5.0))

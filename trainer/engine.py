@@ -287,14 +287,17 @@ class Trainer:
         event(self.log, "batch_math", self.math.describe(), **self.math.as_fields())
         for note in self.resume_notes:
             event(self.log, "resume_change", note)
+        point = self.resume_point
         event(
             self.log,
             "plan",
             f"{cfg.model.name} ({params:,} params) on {cfg.data.name} "
             f"({len(self.splits.train)} train samples): "
             f"{self.steps_per_epoch} steps/epoch, {self.total_steps} steps; checkpoints in "
-            f"{self.checkpointer.store.uri}"
-            + (f", {self.resume_point.describe()}" if self.resume_point is not None else ""),
+            f"{self.checkpointer.store.uri}" + (f", {point.describe()}" if point is not None else ""),
+            resumed_from=None if point is None else point.step,
+            resume_origin=None if point is None else point.origin,
+            lost_steps=None if point is None else point.lost_steps,
         )
 
     # ----- training ----------------------------------------------------------------------
