@@ -90,6 +90,9 @@ def test_fixed_mode_has_one_master_and_the_rest_workers():
         ("gpus=16,elastic.minNodes=3", "elastic.minNodes=3 and elastic.maxNodes=2 must bracket the 2 pods"),
         ("mode=static", "at '/mode'"),
         ("checkpoints.s3.secretAccessKey=abc", "additional properties 'secretAccessKey' not allowed"),
+        ("shmSize=8G", "at '/shmSize'"),
+        ("snapshots.stateSize=lots", "at '/snapshots/stateSize'"),
+        ("snapshots.everySteps=-1", "at '/snapshots/everySteps': minimum: got -1, want 0"),
     ],
 )
 def test_bad_values_fail_with_what_to_set(sets, message):
@@ -313,6 +316,26 @@ def test_notes_say_how_to_follow_rank_zero():
         "kubectl logs -n training -f -c pytorch -l training.kubeflow.org/job-name=ddp-run-ddp-trainer,"
         "training.kubeflow.org/job-role=master" in notes
     )
+
+
+@pytest.mark.parametrize(
+    ("sets", "limit", "every", "costs"),
+    [
+        ("snapshots.stateSize=2Gi", "14336Mi", 10, "at most 10 steps while any pod survives it"),
+        ("shmSize=1Ti,snapshots.stateSize=512Mi,snapshots.everySteps=3", "1050112Mi", 3, "at most 3 steps"),
+        ("snapshots.everySteps=0", "8Gi", 0, "up to 50 steps (the checkpoint"),
+    ],
+)
+def test_dev_shm_is_sized_for_the_snapshots_and_notes_say_what_a_failure_costs(sets, limit, every, costs):
+    rendered = render(merge_values(sets=["gpus=8", sets]))
+    template = pod_templates(rendered.one("PyTorchJob"))["Worker"]
+    (shm,) = [volume for volume in template["spec"]["volumes"] if volume["name"] == "dshm"]
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": limit}
+    (config_map,) = [c for c in rendered.of_kind("ConfigMap") if c["metadata"]["name"].endswith("-config")]
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    assert config["checkpoint"]["snapshot_every_steps"] == every
+    assert config["checkpoint"]["snapshot_dir"].startswith("/dev/shm/")
+    assert costs in " ".join(rendered.notes.split())
 
 
 def test_long_release_names_stay_within_kubernetes_limits():

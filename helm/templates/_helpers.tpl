@@ -103,10 +103,32 @@ Fails with what to set when the count does not split into whole nodes.
 {{- end -}}
 {{- end -}}
 
+{{/* A size in Mi, Gi or Ti as a whole number of MiB (the schema admits no other form). */}}
+{{- define "ddp.mebibytes" -}}
+{{- $quantity := toString . -}}
+{{- $number := regexFind "^[0-9]+" $quantity -}}
+{{- $factor := get (dict "Mi" 1 "Gi" 1024 "Ti" 1048576) (trimPrefix $number $quantity) -}}
+{{- if or (not $number) (not $factor) -}}
+{{- fail (printf "size %q: use a whole number of Mi, Gi or Ti" $quantity) -}}
+{{- end -}}
+{{- mul (int $number) $factor -}}
+{{- end -}}
+
+{{/* /dev/shm's size limit: shmSize, plus two snapshots and the writer's host copy of the
+training state when snapshots are on. */}}
+{{- define "ddp.shmSizeLimit" -}}
+{{- if gt (int .Values.snapshots.everySteps) 0 -}}
+{{- add (include "ddp.mebibytes" .Values.shmSize) (mul 3 (include "ddp.mebibytes" .Values.snapshots.stateSize)) }}Mi
+{{- else -}}
+{{- .Values.shmSize -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The trainer config as rendered into the ConfigMap. */}}
 {{- define "ddp.trainerConfig" -}}
 {{- $managed := dict
-  "checkpoint" (dict "uri" (include "ddp.checkpointUri" .) "cache_dir" "/tmp/checkpoint-cache")
+  "checkpoint" (dict "uri" (include "ddp.checkpointUri" .) "cache_dir" "/tmp/checkpoint-cache"
+    "snapshot_every_steps" (int .Values.snapshots.everySteps) "snapshot_dir" "/dev/shm/ddp-trainer-snapshots")
   "metrics" (dict "port" (int .Values.metrics.port) "address" "0.0.0.0" "multiproc_dir" "/tmp/metrics")
 -}}
 {{- mergeOverwrite (deepCopy .Values.trainer.config) $managed | toYaml -}}

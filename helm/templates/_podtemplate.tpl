@@ -129,7 +129,7 @@ spec:
     - name: dshm
       emptyDir:
         medium: Memory
-        sizeLimit: {{ .Values.shmSize }}
+        sizeLimit: {{ include "ddp.shmSizeLimit" . }}
     - name: tmp
       emptyDir:
         sizeLimit: {{ .Values.tmpSize }}
