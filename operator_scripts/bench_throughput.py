@@ -4,9 +4,11 @@ the same model, data, optimizer and world size, interleaved and repeated.
     python -m operator_scripts.bench_throughput [--config NAME] [--nproc 2] [--repeats 7] [--set k=v ...]
 
 All three validate after every epoch and leave that time out of their windows. Ours runs
-without gradient clipping and periodic checkpoints here (the other two have neither): the
+without gradient clipping and durable checkpoints here (the other two have neither): the
 comparison is of loop overhead, not of features that cost compute; `bench_checkpoint`
-measures checkpoints. Lightning is the optional `bench` extra (`pip install -e '.[bench]'`).
+measures checkpoints. Ours keeps its default node-local snapshots, and their pauses count
+as time: they are part of every step's price (`bench_snapshot` measures them apart).
+Lightning is the optional `bench` extra (`pip install -e '.[bench]'`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ Runner = Callable[[int, list[str]], float]
 
 
 def ours(nproc: int, overrides: list[str], *, config: str | None) -> float:
-    return run_trainer(nproc, overrides, log_every=LOG_EVERY, config=config).samples_per_second
+    return run_trainer(nproc, overrides, log_every=LOG_EVERY, config=config).samples_per_second_with_saves
 
 
 def contenders(config: str | None) -> dict[str, Runner]:

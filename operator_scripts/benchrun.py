@@ -49,6 +49,7 @@ class TrainerRun:
     size and per-rank batch."""
 
     samples_per_second: float
+    samples_per_second_with_saves: float  # checkpoint and snapshot pauses counted as time
     split_ms: dict[str, float]
     parameters: int
     per_rank_batch: int
@@ -83,8 +84,13 @@ def run_trainer(
 ) -> TrainerRun:
     """One trainer run's steady-state figures."""
     start, steady = trainer_records(nproc, overrides, log_every=log_every, config=config)
+    with_saves = (
+        record["samples_per_second"] * record["step_ms"] / (record["step_ms"] + record["checkpoint_ms"])
+        for record in steady
+    )
     return TrainerRun(
         statistics.median(record["samples_per_second"] for record in steady),
+        statistics.median(with_saves),
         {field: statistics.mean(record[field] for record in steady) for field in SPLIT_FIELDS},
         start["parameters"],
         start["global_batch"] // nproc,

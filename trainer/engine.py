@@ -590,13 +590,7 @@ class Trainer:
         at most `wait_s` for the writes before it."""
         if durable:
             self.last_saved_step = self.progress.step
-        snapshot = self.snapshot_every > 0
-        if snapshot:  # every node keeps every rank's streams
-            rng_states = [None] * self.context.world_size
-            dist.all_gather_object(rng_states, rng.capture())
-        else:
-            rng_states = [None] * self.context.world_size if self.context.is_main else None
-            dist.gather_object(rng.capture(), rng_states, dst=0)
+        rng_states = self._gather_rng()
         if not (self.context.is_main and durable) and self.snapshots is None:
             return
         state = {
@@ -617,6 +611,15 @@ class Trainer:
             durable=durable,
             wait_s=wait_s,
         )
+
+    def _gather_rng(self) -> torch.Tensor:
+        """Every rank's RNG streams, `[world_size, rng.PACKED_BYTES]`, on every rank: one
+        fixed-size collective (not a pickled object gather: ~5x slower), so that any node can
+        write a snapshot that resumes each rank."""
+        local = rng.pack().to(self.device)
+        gathered = torch.empty(self.context.world_size * local.numel(), dtype=torch.uint8, device=self.device)
+        dist.all_gather_single(gathered, local)  # the concatenated form: gloo takes no other
+        return gathered.view(self.context.world_size, -1).cpu()
 
     def _snapshot_dir(self) -> SnapshotDir | None:
         """This node's snapshots (its first rank only), when they are on and fit: the

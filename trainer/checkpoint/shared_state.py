@@ -57,8 +57,13 @@ class _Ref:
     index: int
 
 
+_ATOMS = (int, float, str, bool, type(None))
+
+
 def split_tensors(value: Any, tensors: list[torch.Tensor]) -> Any:
     """`value` with each tensor appended to `tensors` and replaced by its index there."""
+    if type(value) in _ATOMS:  # most leaves: answered before any isinstance walk
+        return value
     if isinstance(value, torch.Tensor):
         tensors.append(value.detach())
         return _Ref(len(tensors) - 1)
