@@ -50,6 +50,7 @@ class TrainerRun:
 
     samples_per_second: float
     samples_per_second_with_saves: float  # checkpoint and snapshot pauses counted as time
+    step_ms: float
     split_ms: dict[str, float]
     parameters: int
     per_rank_batch: int
@@ -91,6 +92,7 @@ def run_trainer(
     return TrainerRun(
         statistics.median(record["samples_per_second"] for record in steady),
         statistics.median(with_saves),
+        statistics.mean(record["step_ms"] for record in steady),
         {field: statistics.mean(record[field] for record in steady) for field in SPLIT_FIELDS},
         start["parameters"],
         start["global_batch"] // nproc,

@@ -92,7 +92,8 @@ def test_fixed_mode_has_one_master_and_the_rest_workers():
         ("checkpoints.s3.secretAccessKey=abc", "additional properties 'secretAccessKey' not allowed"),
         ("shmSize=8G", "at '/shmSize'"),
         ("snapshots.stateSize=lots", "at '/snapshots/stateSize'"),
-        ("snapshots.everySteps=-1", "at '/snapshots/everySteps': minimum: got -1, want 0"),
+        ("snapshots.everySteps=-1", "at '/snapshots/everySteps'"),
+        ("snapshots.everySteps=often", "at '/snapshots/everySteps'"),
     ],
 )
 def test_bad_values_fail_with_what_to_set(sets, message):
@@ -321,7 +322,13 @@ def test_notes_say_how_to_follow_rank_zero():
 @pytest.mark.parametrize(
     ("sets", "limit", "every", "costs"),
     [
-        ("snapshots.stateSize=2Gi", "14336Mi", 10, "at most 10 steps while any pod survives it"),
+        (
+            "snapshots.stateSize=2Gi",
+            "14336Mi",
+            "auto",
+            "at most the snapshot interval while any pod survives it",
+        ),
+        ("snapshots.everySteps=10", "11264Mi", 10, "at most 10 steps while any pod survives it"),
         ("shmSize=1Ti,snapshots.stateSize=512Mi,snapshots.everySteps=3", "1050112Mi", 3, "at most 3 steps"),
         ("snapshots.everySteps=0", "8Gi", 0, "up to 50 steps (the checkpoint"),
     ],

@@ -127,9 +127,10 @@ class CheckpointConfig:
     With `async_save` the state is copied to shared host memory at the step boundary and a
     writer process writes it (at most one durable write in flight); a write is tried
     `attempts` times; exits wait up to `drain_timeout_s` for the last one. Every
-    `snapshot_every_steps` steps (0: never) each node's first rank also keeps a snapshot in
-    the node-local `snapshot_dir` (memory-backed /dev/shm by default), from which a restart
-    resumes when it is newer than the store's checkpoint. `cache_dir` is the node-local
+    `snapshot_every_steps` steps (0: never; auto: as often as keeps their pause under 0.5 %
+    of training time, at least every 5 steps apart) each node's first rank also keeps a
+    snapshot in the node-local `snapshot_dir` (memory-backed /dev/shm by default), from
+    which a restart resumes when it is newer than the store's checkpoint. `cache_dir` is the node-local
     folder for downloaded checkpoints (default: the system temp dir). `s3_checksum` is what
     S3 verifies per part on upload; the manifest's sha256 covers the whole object end to
     end whichever is chosen (SHA256 on the wire costs ~20% throughput)."""
@@ -141,7 +142,7 @@ class CheckpointConfig:
     async_save: bool = True
     attempts: PositiveInt = 3
     drain_timeout_s: PositiveFloat = 600.0
-    snapshot_every_steps: NonNegativeInt = 10
+    snapshot_every_steps: Literal["auto"] | NonNegativeInt = "auto"
     snapshot_dir: str = "/dev/shm/ddp-trainer-snapshots"
     cache_dir: str = ""
     multipart_chunk_mb: Annotated[int, Field(strict=True, ge=5)] = 8
@@ -235,8 +236,26 @@ def _section_at(location: Sequence[Any]) -> type | None:
     return node
 
 
-def _error_from_pydantic(error: dict[str, Any]) -> ConfigError:
-    location = [part for part in error["loc"] if isinstance(part, str)]
+def _field_path(location: Sequence[Any]) -> list[str]:
+    """The config key an error is about: pydantic appends the member of a union it tried
+    (`literal['auto']`, `int`) after a leaf field, which is not part of the key."""
+    path: list[str] = []
+    node: Any = Config
+    for part in location:
+        if not isinstance(part, str):
+            continue
+        if dataclasses.is_dataclass(node):
+            path.append(part)
+            node = typing.get_type_hints(node).get(part)
+        elif typing.get_origin(node) is dict:  # free-form options: every key is the user's
+            path.append(part)
+        else:
+            break
+    return path
+
+
+def _error_from_pydantic(error: dict[str, Any], alternatives: Sequence[str] = ()) -> ConfigError:
+    location = _field_path(error["loc"])
     key = ".".join(location)
     if error["type"] == "unexpected_keyword_argument":
         section = _section_at(location)
@@ -246,7 +265,8 @@ def _error_from_pydantic(error: dict[str, Any]) -> ConfigError:
         close = difflib.get_close_matches(location[-1], names, n=1)
         hint = f"did you mean {qualified[names.index(close[0])]}? " if close else ""
         return ConfigError(key, error["input"], f"unknown key; {hint}allowed: {', '.join(qualified)}")
-    return ConfigError(key, error["input"], error["msg"].replace("Input should be", "must be"))
+    messages = dict.fromkeys([error["msg"], *alternatives])  # a union's members, each once
+    return ConfigError(key, error["input"], " or ".join(messages).replace("Input should be", "must be"))
 
 
 def from_tree(tree: dict[str, Any]) -> Config:
@@ -254,7 +274,9 @@ def from_tree(tree: dict[str, Any]) -> Config:
     try:
         config = _ADAPTER.validate_python(tree)
     except ValidationError as failure:
-        raise _error_from_pydantic(failure.errors()[0]) from None
+        first, *others = failure.errors()
+        same_key = [e["msg"] for e in others if _field_path(e["loc"]) == _field_path(first["loc"])]
+        raise _error_from_pydantic(first, same_key) from None
     _check_across_sections(config)
     return config
 

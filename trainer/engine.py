@@ -21,7 +21,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from trainer.checkpoint import Checkpointer, CheckpointError, CheckpointWriter, rng
-from trainer.checkpoint.snapshots import SnapshotDir
+from trainer.checkpoint.snapshots import AUTO_FIRST, SnapshotDir, SnapshotPacer
 from trainer.config import Config, ConfigError, TrainConfig, from_tree, to_tree
 from trainer.data import DataSplits, eval_loader, train_loader
 from trainer.distributed import DistContext, broadcast_flag, broadcast_object
@@ -63,6 +63,7 @@ class Window:
         self.started = time.perf_counter()
         self.excluded = 0.0
         self.checkpoint = 0.0
+        self.saves = 0
         self.steps = 0
         self.data_wait = 0.0
         self.compute = 0.0
@@ -85,6 +86,7 @@ class Window:
             self.excluded += spent
             if checkpoint:
                 self.checkpoint += spent
+                self.saves += 1
 
     def add(self, loss: torch.Tensor, data_wait: float, compute: float, communication: float) -> None:
         self.steps += 1
@@ -110,6 +112,7 @@ class PendingProgress:
     steps: int
     elapsed: float
     checkpoint: float
+    saves: int
     lr: float
     grad_norm: torch.Tensor | None
 
@@ -138,7 +141,9 @@ class Trainer:
         self.solo_budget_s = config.dist.timeout_s / 2
         self.last_saved_step: int | None = None
         self.lineage = lineage
-        self.snapshot_every = config.checkpoint.snapshot_every_steps
+        every = config.checkpoint.snapshot_every_steps
+        self.pacer = SnapshotPacer() if every == "auto" else None
+        self.snapshot_every = AUTO_FIRST if every == "auto" else every
         self.snapshots: SnapshotDir | None = None
         self.writer = CheckpointWriter(
             checkpointer if context.is_main else None,
@@ -208,6 +213,7 @@ class Trainer:
                 "epoch": self.progress.epoch + 1,
                 "peak_flops": self.peak_flops or None,
                 "checkpoint_every_steps": self.config.checkpoint.every_steps,
+                "snapshot_every_steps": self.snapshot_every if self.snapshot_every else None,
                 "recovery_lost_steps": self.resume_point and self.resume_point.lost_steps,
             }
         )
@@ -456,11 +462,9 @@ class Trainer:
     def _gather_progress(self, window: Window) -> None:
         """Start gathering every rank's loss and step split for a progress line; the next
         step runs while the gather travels, and `_report_progress` reads it afterwards."""
+        row = [*window.timings(), self._proposed_interval(window)]
         local = torch.cat(
-            [
-                window.loss_sum.double().reshape(1),
-                torch.tensor(window.timings(), dtype=torch.float64).to(self.device),
-            ]
+            [window.loss_sum.double().reshape(1), torch.tensor(row, dtype=torch.float64).to(self.device)]
         )
         gathered = [torch.empty_like(local) for _ in range(self.context.world_size)]
         self.pending_progress = PendingProgress(
@@ -471,6 +475,7 @@ class Trainer:
             steps=window.steps,
             elapsed=window.training_seconds,
             checkpoint=window.checkpoint,
+            saves=window.saves,
             lr=self.lr,
             grad_norm=self.grad_norm,
         )
@@ -482,12 +487,13 @@ class Trainer:
         if pending is None:
             return
         pending.work.wait()
+        table = torch.stack(pending.gathered).cpu()
+        self._apply_interval(int(table[0, -1]))
         if not self.context.is_main:
             self.metrics.progress({"epoch": pending.epoch})
             return
-        table = torch.stack(pending.gathered).cpu()
         steps, world, elapsed = pending.steps, self.context.world_size, pending.elapsed
-        loss_sum, data_wait, compute, communication = (table.sum(0) / world).tolist()
+        loss_sum, data_wait, compute, communication = (table[:, :4].sum(0) / world).tolist()
         mean_loss = loss_sum / steps
         rate = steps * self.math.global_batch / elapsed
         lag, slowest = straggler_lag((table[:, 1] + table[:, 2]).tolist())
@@ -531,6 +537,35 @@ class Trainer:
             }
         )
         self._append_history({**fields, "straggler_lag": lag, "time": time.time()})
+
+    def _proposed_interval(self, window: Window) -> int:
+        """With snapshot_every_steps=auto, rank 0's choice of interval from this window's
+        save pauses, its writer's time per snapshot and the step time (sent to every rank in
+        the progress gather, so that all switch at the same step)."""
+        stats = self.writer.stats
+        if not (self.pacer and window.saves and window.steps and stats.last_snapshot_seconds):
+            return self.snapshot_every
+        pause_s, step_s = window.checkpoint / window.saves, window.training_seconds / window.steps
+        return self.pacer.propose(self.snapshot_every, pause_s, stats.last_snapshot_seconds, step_s)
+
+    def _apply_interval(self, interval: int) -> None:
+        """Every rank takes rank 0's proposed snapshot interval at the same step."""
+        if interval == self.snapshot_every:
+            return
+        self.snapshot_every = interval
+        if self.pacer is not None and self.pacer.costs is not None:  # rank 0, which chose it
+            pause, writer, step = (round(1000 * seconds, 2) for seconds in self.pacer.costs)
+            event(
+                self.log,
+                "snapshot_interval",
+                f"snapshots every {interval} steps (auto): a snapshot pauses training {pause} ms "
+                f"and takes the writer {writer} ms; a step takes {step} ms",
+                snapshot_every_steps=interval,
+                pause_ms=pause,
+                writer_ms=writer,
+                step_ms=step,
+            )
+        self.metrics.progress({"snapshot_every_steps": interval})
 
     def _append_history(self, record: dict[str, Any]) -> None:
         """Rank 0's progress as JSON lines, the run report's input (`metrics.history_file`)."""

@@ -164,6 +164,7 @@ class PrometheusMetrics(Metrics):
                 "ddp_checkpoint_stall_seconds", "Time training paused for the newest checkpoint's snapshot."
             ),
             "snapshot_step": gauge("ddp_snapshot_last_step", "Step of this node's newest local snapshot."),
+            "snapshot_every_steps": gauge("ddp_snapshot_every_steps", "Steps between node-local snapshots."),
             "snapshot_bytes": gauge("ddp_snapshot_bytes", "Size of this node's newest local snapshot."),
             "snapshot_write": gauge(
                 "ddp_snapshot_write_seconds", "Time the writer took for the newest local snapshot."

@@ -117,7 +117,7 @@ Fails with what to set when the count does not split into whole nodes.
 {{/* /dev/shm's size limit: shmSize, plus two snapshots and the writer's host copy of the
 training state when snapshots are on. */}}
 {{- define "ddp.shmSizeLimit" -}}
-{{- if gt (int .Values.snapshots.everySteps) 0 -}}
+{{- if ne (toString .Values.snapshots.everySteps) "0" -}}
 {{- add (include "ddp.mebibytes" .Values.shmSize) (mul 3 (include "ddp.mebibytes" .Values.snapshots.stateSize)) }}Mi
 {{- else -}}
 {{- .Values.shmSize -}}
@@ -128,7 +128,7 @@ training state when snapshots are on. */}}
 {{- define "ddp.trainerConfig" -}}
 {{- $managed := dict
   "checkpoint" (dict "uri" (include "ddp.checkpointUri" .) "cache_dir" "/tmp/checkpoint-cache"
-    "snapshot_every_steps" (int .Values.snapshots.everySteps) "snapshot_dir" "/dev/shm/ddp-trainer-snapshots")
+    "snapshot_every_steps" .Values.snapshots.everySteps "snapshot_dir" "/dev/shm/ddp-trainer-snapshots")
   "metrics" (dict "port" (int .Values.metrics.port) "address" "0.0.0.0" "multiproc_dir" "/tmp/metrics")
 -}}
 {{- mergeOverwrite (deepCopy .Values.trainer.config) $managed | toYaml -}}
