@@ -7,17 +7,19 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import REPO, process_env
 
-from trainer.checkpoint import Checkpointer, LocalStore
+from trainer.checkpoint import Checkpointer, LocalStore, rng
 from trainer.checkpoint.shared_state import SharedStateBuffer, SharedStateReader
 from trainer.checkpoint.snapshots import SnapshotDir
 from trainer.checkpoint.writing import SaveRequest, SaveWork, Staged
@@ -217,3 +219,38 @@ def test_a_snapshot_dir_without_room_for_two_is_one_line_and_the_run_goes_on(wor
     assert len(warnings) == 1, completed.stdout
     assert "MiB free" in warnings[0] and "checkpoint.snapshot_dir" in warnings[0]
     assert "done: 12 steps" in completed.stdout
+
+
+def draws() -> tuple:
+    return torch.rand(4), random.random(), random.gauss(0, 1), np.random.rand(3).tolist()
+
+
+def test_rng_streams_pack_to_a_fixed_size_and_restore_exactly():
+    rng.seed_everything(3)
+    random.gauss(0, 1)  # python's gauss keeps a second value: part of the state
+    packed = rng.pack()
+    assert packed.dtype == torch.uint8 and packed.shape == (rng.PACKED_BYTES,)
+    expected = draws()
+    rng.seed_everything(99)
+    rng.restore(packed)
+    assert equal(list(draws()), list(expected))
+
+
+def test_the_dict_form_of_older_checkpoints_still_restores():
+    rng.seed_everything(5)
+    numpy_state = np.random.get_state(legacy=False)
+    old_form = {
+        "torch": torch.get_rng_state(),
+        "cuda": [torch.zeros(16, dtype=torch.uint8)] * 8,  # saved on 8 GPUs; this host has none
+        "python": random.getstate(),
+        "numpy": {
+            "bit_generator": numpy_state["bit_generator"],
+            "key": numpy_state["state"]["key"].tolist(),
+            "pos": int(numpy_state["state"]["pos"]),
+            "has_gauss": int(numpy_state["has_gauss"]),
+            "gauss": float(numpy_state["gauss"]),
+        },
+    }
+    expected = draws()
+    rng.restore(old_form)
+    assert equal(list(draws()), list(expected))
