@@ -56,17 +56,20 @@ def test_the_shared_copy_carries_every_dtype_and_shape_and_is_its_own_storage(tm
         "empty": torch.empty(0, 3),
         "nested": [{"x": torch.arange(3)}, ("text", 7)],
     }
+    orphan = tmp_path / "ddp-trainer-state-4194303-0badcafe"  # a dead process's (pid_max - 1)
+    orphan.write_bytes(b"left by a killed run")
     buffer = SharedStateBuffer(tmp_path)
     shared = buffer.fill(original)
+    assert not orphan.exists()
     read = SharedStateReader().open(shared)
+    assert not Path(shared.path).exists()  # mapped on both sides: the name is not needed
     assert equal(read, original)
     # each tensor saves alone: the reader's tensors do not drag the whole buffer along
     assert read["model"]["weight"].untyped_storage().nbytes() == 4 * 3 * 4
     original["model"]["weight"].fill_(-1.0)  # training goes on; the copy does not follow
     assert torch.equal(read["model"]["weight"], torch.full((4, 3), 3.0))
-    first = Path(shared.path)
     grown = buffer.fill({**original, "extra": torch.zeros(10)})  # a new layout, a new file
-    assert Path(grown.path) != first and not first.exists()
+    assert grown.path != shared.path and Path(grown.path).exists()
     buffer.close()
     assert not Path(grown.path).exists()
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 ALIGN = 64  # every tensor starts on a cache line, so that any dtype can view its bytes
+PREFIX = "ddp-trainer-state-"  # then the training process's id and a random tag
 
 
 def shared_memory_dir() -> Path:
@@ -109,13 +110,14 @@ class SharedStateBuffer:
 
     def _allocate(self, layout: tuple[tuple[torch.dtype, tuple[int, ...]], ...]) -> None:
         self.close()
+        remove_orphans(self.folder)
         slots, offset = [], 0
         for dtype, shape in layout:
             nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
             slots.append(TensorSlot(offset, nbytes, str(dtype).removeprefix("torch."), shape))
             offset += -(-nbytes // ALIGN) * ALIGN
         size = max(offset, ALIGN)
-        path = self.folder / f"ddp-trainer-state-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        path = self.folder / f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             # reserve every page now: a tmpfs that runs out later kills with SIGBUS instead
@@ -133,6 +135,18 @@ class SharedStateBuffer:
         if self.path is not None:
             self.path.unlink(missing_ok=True)
         self.path, self._layout, self._views = None, None, []
+
+
+def remove_orphans(folder: Path) -> None:
+    """Buffers whose training process is gone and whose writer never mapped them (both
+    killed at once): their names hold the dead process's id."""
+    for path in folder.glob(f"{PREFIX}*"):
+        try:
+            os.kill(int(path.name.split("-")[-2]), 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+        except (ValueError, IndexError, PermissionError):
+            continue
 
 
 def map_slots(path: str, size: int, slots: tuple[TensorSlot, ...]) -> list[torch.Tensor]:
@@ -155,4 +169,7 @@ class SharedStateReader:
     def open(self, shared: SharedState) -> dict[str, Any]:
         if self._mapped is None or self._mapped[0] != shared.path:
             self._mapped = (shared.path, map_slots(shared.path, shared.size, shared.slots))
+            # both sides have it mapped now: without a name, its memory goes with the last
+            # mapping, so a killed training process leaves nothing behind in /dev/shm
+            Path(shared.path).unlink(missing_ok=True)
         return join_tensors(pickle.loads(shared.skeleton), self._mapped[1])
