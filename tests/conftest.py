@@ -25,6 +25,8 @@ import pytest
 import torch
 import yaml
 
+from trainer.config import CheckpointConfig
+
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).parent / "helpers"
 AUDIT = HELPERS / "audit"
@@ -45,6 +47,18 @@ def _temporary_files_stay_in_pytests_folder(tmp_path_factory: pytest.TempPathFac
     else:
         os.environ["TMPDIR"] = previous
     tempfile.tempdir = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _snapshots_of_killed_runs_do_not_outlive_the_session() -> Iterator[None]:
+    """Runs killed on purpose leave node-local snapshots in /dev/shm (the default
+    `checkpoint.snapshot_dir`), as a real node would keep them; the session removes those
+    its tests made, so that memory is not held after it."""
+    root = Path(CheckpointConfig().snapshot_dir)
+    before = set(root.iterdir()) if root.is_dir() else set()
+    yield
+    for entry in set(root.iterdir()) - before if root.is_dir() else ():
+        shutil.rmtree(entry, ignore_errors=True)
 
 
 def free_port() -> int:

@@ -46,6 +46,7 @@ from trainer.config import ConfigError
 
 EXIT_GAVE_UP = 1
 POLL_S = 0.2
+ERROR_PREFIX = "trainer: error: "
 # set wherever this project starts torchrun: a restart then makes a fresh store instead of
 # reusing the rendezvous one, which hung or refused connections in 3 of 7 local
 # kill-and-restart trials (shared/reference/FACTS.md)
@@ -157,12 +158,15 @@ def signal_tree(pid: int, sig: int = signal.SIGKILL) -> None:
             member.send_signal(sig)
 
 
-def relay(stream: BinaryIO, stopping: list[int]) -> None:
+def relay(stream: BinaryIO, stopping: list[int], said: list[bytes]) -> None:
     """Copy torchrun's stderr (its workers' too) to ours. Once this pod is stopping, torchrun's
     own report of the signal, a traceback ending in SignalException and its warnings about
-    closing workers, is left out: the trainer's one line says what the stop saved."""
+    closing workers, is left out: the trainer's one line says what the stop saved. Rank 0's
+    error lines are noted in `said`."""
     held: list[bytes] = []
     for line in iter(stream.readline, b""):
+        if line.startswith(ERROR_PREFIX.encode()):
+            said.append(line)
         if stopping and (held or line.startswith(b"Traceback (most recent call last):")):
             held.append(line)
             if not line.startswith((b" ", b"Traceback")):  # a traceback's last line
@@ -178,6 +182,13 @@ def relay(stream: BinaryIO, stopping: list[int]) -> None:
     sys.stderr.buffer.flush()
 
 
+def _say_error(fatal_file: Path) -> None:
+    """The fatal error as rank 0 would have put it: one line, without the rank's prefix."""
+    with contextlib.suppress(OSError):
+        line = fatal_file.read_text().strip()
+        print(ERROR_PREFIX + line.partition(ERROR_PREFIX)[2], file=sys.stderr, flush=True)
+
+
 def run_torchrun(torchrun_args: Sequence[str], fatal_file: Path, stopping: list[int]) -> int:
     """One torchrun, in a session of its own so that a terminal's Ctrl-C reaches it only
     through us, once, as SIGTERM; stopped at once when a worker reports a fatal error."""
@@ -188,7 +199,8 @@ def run_torchrun(torchrun_args: Sequence[str], fatal_file: Path, stopping: list[
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
-    relaying = threading.Thread(target=relay, args=(process.stderr, stopping), daemon=True)
+    said: list[bytes] = []
+    relaying = threading.Thread(target=relay, args=(process.stderr, stopping, said), daemon=True)
     relaying.start()
 
     def forward(signum: int, frame: object) -> None:
@@ -202,6 +214,9 @@ def run_torchrun(torchrun_args: Sequence[str], fatal_file: Path, stopping: list[
             if fatal_file.exists() and not stopping:
                 signal_tree(process.pid)
                 process.wait()
+                relaying.join(timeout=5)
+                if not said:  # another rank was first, and rank 0 was stopped before its line
+                    _say_error(fatal_file)
                 return EXIT_CONFIG_ERROR
             time.sleep(POLL_S)
     finally:
@@ -219,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _, config = validate(trainer_arguments(torchrun_args))
         open_store(config.checkpoint).prepare()
     except ConfigError as error:
-        print(f"trainer: error: {error}", file=sys.stderr, flush=True)
+        print(f"{ERROR_PREFIX}{error}", file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR
     for sig in (signal.SIGTERM, signal.SIGINT):  # while waiting: leave at once
         signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))

@@ -41,8 +41,10 @@ LOCK_FILE, REACHED_FILE = "writer.lock", "reached"
 
 
 def snapshot_root(config: CheckpointConfig) -> Path:
-    """This checkpoint location's folder under `snapshot_dir`."""
-    digest = hashlib.sha256(config.uri.encode()).hexdigest()[:12]
+    """This checkpoint location's folder under `snapshot_dir`: named by the location's URI,
+    a local one made absolute (`checkpoints/digits` in two folders is two locations)."""
+    uri = config.uri if "://" in config.uri else str(Path(config.uri).resolve())
+    digest = hashlib.sha256(uri.encode()).hexdigest()[:12]
     return Path(config.snapshot_dir) / digest
 
 
