@@ -114,8 +114,10 @@ def measure_stall(
     quiet.addHandler(logging.NullHandler())
     quiet.propagate = False
     config = checkpointer_config(checkpointer)
-    sync = CheckpointWriter(checkpointer, replace(config, async_save=False), quiet)
-    background = CheckpointWriter(checkpointer, replace(config, async_save=True), quiet)
+    sync = CheckpointWriter(checkpointer, replace(config, async_save=False), quiet, cache=checkpointer.cache)
+    background = CheckpointWriter(
+        checkpointer, replace(config, async_save=True), quiet, cache=checkpointer.cache
+    )
     for writer in (sync, background):
         writer.start(None)
     background.save(state, step=1, epoch=0, world_size=1, durable=True)  # the writer warms up

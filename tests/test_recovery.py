@@ -9,9 +9,11 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
-from conftest import REPO, process_env, run_torchrun, torchrun_command
+import torch
+from conftest import REPO, free_port, load_checkpoint, process_env, run_torchrun, torchrun_command
 
 from trainer.launch import signal_tree
 
@@ -70,3 +72,68 @@ def test_with_every_snapshot_gone_the_store_is_used_and_the_loss_is_unknown(work
     assert f"resumed from step {stored} (run, steps lost unknown)" in resumed.stdout
     assert "done: 40 steps" in resumed.stdout
     assert not snapshots.exists() or not any(snapshots.rglob("step-*"))  # the end is durable: freed
+
+
+def two_nodes(workdir, overrides: str, port: int) -> list[subprocess.Popen]:
+    """Two torchrun agents as two nodes on loopback (the operator's PET_* variables), each
+    with a snapshot directory of its own, as two pods have."""
+    pet = {
+        "PET_NNODES": "2",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_ENDPOINT": f"127.0.0.1:{port}",
+        "PET_RDZV_ID": "damaged-snapshot",
+        "PET_MAX_RESTARTS": "0",
+    }
+    nodes = []
+    for name in ("a", "b"):
+        shm = workdir / f"shm-{name}"
+        args = ["--config", "digits", "--set", f"{overrides},checkpoint.snapshot_dir={shm}"]
+        command = [c for c in torchrun_command(args, launcher=[]) if not c.startswith("--nproc_per_node")]
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+        nodes.append(subprocess.Popen(command, cwd=workdir, env=process_env(pet), **pipes))
+    return nodes
+
+
+def snapshot_steps(folder) -> list[int]:
+    return sorted(int(path.name[5:]) for path in folder.rglob("step-*") if (path / "manifest.json").exists())
+
+
+@pytest.mark.slow
+def test_a_damaged_snapshot_on_one_node_is_skipped_for_the_other_nodes(workdir):
+    """Both nodes lose their processes (not their memory); node a's newest snapshot is
+    damaged. The restart skips it (a warning on node a) and resumes from the newest intact
+    snapshot anywhere, node b's, and ends bit-identical to an uninterrupted run."""
+    no_checkpoints = SLOW.replace("checkpoint.every_steps=10", "checkpoint.every_steps=1000")
+    overrides = f"{no_checkpoints},checkpoint.uri=run"
+    first = two_nodes(workdir, overrides, free_port())
+    shm_a, shm_b = workdir / "shm-a", workdir / "shm-b"
+    deadline = time.monotonic() + 120
+    while min(max(snapshot_steps(shm_a), default=0), max(snapshot_steps(shm_b), default=0)) < 15:
+        assert time.monotonic() < deadline and all(node.poll() is None for node in first), "no snapshots"
+        time.sleep(0.05)
+    for node in first:
+        signal_tree(node.pid)
+        node.communicate()
+    newest_a, *older_a = reversed(snapshot_steps(shm_a))
+    damaged = next(shm_a.rglob(f"step-{newest_a}")) / "checkpoint.pt"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    expected = max(max(snapshot_steps(shm_b)), *older_a[:1])
+
+    second = two_nodes(workdir, overrides, free_port())
+    outputs = [node.communicate(timeout=240) for node in second]
+    assert [node.returncode for node in second] == [0, 0], [err[-2000:] for _, err in outputs]
+    text = "".join(out + err for out, err in outputs)
+    assert f"checkpoint step {newest_a} in {damaged.parents[1]} fails its sha256 check" in text
+    resumed = rf"resumed from step {expected} \(snapshot on [^,]+, \d+ steps? lost\)"
+    assert re.search(resumed, text), text[-3000:]
+
+    reference_run = ["--config", "digits", "--set", f"{overrides},checkpoint.uri=reference"]
+    reference = run_torchrun(reference_run, workdir)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    expected_state, resumed_state = load_checkpoint(workdir / "reference"), load_checkpoint(workdir / "run")
+    assert expected_state["progress"] == resumed_state["progress"]
+    for name, tensor in expected_state["model"].items():
+        assert torch.equal(tensor, resumed_state["model"][name]), name

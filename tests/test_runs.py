@@ -64,7 +64,12 @@ def test_two_rank_demo_run(workdir, tmp_path):
     assert state["progress"]["step"] == 76 and state["world_size"] == 2
     assert not any(key.startswith("module.") for key in state["model"])
     assert len(state["rng"]) == 2 and state["config"]["train"]["epochs"] == 4
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest.json", "step-40", "step-76"]
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "latest.json",
+        "lineage.json",
+        "step-40",
+        "step-76",
+    ]
 
 
 def test_python_m_trainer_runs_as_a_world_of_one(workdir):

@@ -92,7 +92,7 @@ def background_writer(checkpointer: Checkpointer, attempts: int) -> CheckpointWr
     """The writer process, as rank 0 starts it (it reads the endpoint from the environment)."""
     uri = checkpointer.store.uri
     config = CheckpointConfig(uri=uri, multipart_chunk_mb=5, attempts=attempts, keep_last=2)
-    writer = CheckpointWriter(checkpointer, config, logging.getLogger("trainer"))
+    writer = CheckpointWriter(checkpointer, config, logging.getLogger("trainer"), cache=checkpointer.cache)
     writer.start(None)
     return writer
 
@@ -244,15 +244,18 @@ def _step_prefixes(bucket, prefix: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_sigkill_during_an_upload_resumes_from_the_last_complete_checkpoint(s3_bucket, workdir):
+def test_sigkill_during_an_upload_loses_nothing_the_upload_finishes_first(s3_bucket, workdir):
     """Uploads are slowed on the wire; rank 0 (the uploader) is killed while step 20's
-    checkpoint is on its way. torchrun restarts both workers, which resume from step 10."""
+    checkpoint is on its way (snapshots off: the store is the only copy). Its writer process
+    finishes the upload; torchrun restarts both workers, and the new rank 0 waits for that
+    writer before it looks, so the run resumes from step 20, not 10."""
     prefix = "killed"
     slow_uploads = lambda method, path: method == "PUT" and "/step-" in path  # noqa: E731
     with FaultProxy(s3_bucket.endpoint, every=0, matches=slow_uploads, delay_s=1.5) as proxy:
         overrides = (
             f"checkpoint.uri={s3_bucket.uri(prefix)},checkpoint.every_steps=10,"
-            "train.max_steps=30,data.name=plugins:slow_digits,data.options.delay_s=0.002"
+            "checkpoint.snapshot_every_steps=0,train.max_steps=30,"
+            "data.name=plugins:slow_digits,data.options.delay_s=0.002"
         )
         env = s3_env(proxy.url, TMPDIR=str(workdir), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
         agent = subprocess.Popen(
@@ -267,7 +270,8 @@ def test_sigkill_during_an_upload_resumes_from_the_last_complete_checkpoint(s3_b
         kill_rank_when(agent, 0, lambda: s3_bucket.latest_step(prefix) == 10 and in_flight())
         stdout, stderr = agent.communicate(timeout=300)
     assert agent.returncode == 0, stderr[-3000:]
-    assert "restart 1" in stdout and "resumed from step 10" in stdout
+    resumed = f"resumed from step 20 ({s3_bucket.uri(prefix)}, steps lost unknown)"
+    assert "restart 1" in stdout and resumed in stdout
     assert s3_bucket.latest_step(prefix) == 30
 
 

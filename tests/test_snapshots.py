@@ -169,7 +169,7 @@ root = Path(sys.argv[1])
 config = CheckpointConfig(uri=str(root / "store"), snapshot_dir=str(root / "shm"))
 durable = Checkpointer(LocalStore(root / "store"), keep_last=2, cache=root / "cache")
 durable.store.prepare()
-writer = CheckpointWriter(durable, config, logging.getLogger("t"), snapshots=True)
+writer = CheckpointWriter(durable, config, logging.getLogger("t"), cache=root / "cache", snapshots=True)
 writer.start(SnapshotDir(config, "lineage"))
 state = {"model": {"w": torch.full((2**20,), 7.0)}, "progress": {"step": 3}}
 writer.save(state, step=3, epoch=0, world_size=1, durable=True)

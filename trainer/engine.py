@@ -149,6 +149,7 @@ class Trainer:
             checkpointer if context.is_main else None,
             config.checkpoint,
             logger,
+            cache=checkpointer.cache,
             snapshots=context.is_node_main and self.snapshot_every > 0,
         )
         self.module = module.to(device)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from trainer.checkpoint import Checkpointer, CheckpointError
 from trainer.checkpoint.shared_state import ALIGN, join_tensors, split_tensors
 from trainer.checkpoint.snapshots import SnapshotDir
+from trainer.checkpoint.writer_process import writer_lock
 from trainer.distributed import DistContext, broadcast_object
 from trainer.resume import bounded, load_everywhere
 
@@ -55,10 +56,11 @@ def recover(
     start. `snapshots` is this node's, given on its first rank only."""
     held: tuple[int, dict[str, Any]] | None = None
     report = _Report(None, None, context.hostname)
-    if snapshots is not None:
-        with snapshots.writing(budget_s):  # a previous attempt's writer may still be finishing
-            held = snapshots.newest()
-        report = _Report(held[0] if held else None, snapshots.reached(), context.hostname)
+    if context.is_node_main:
+        with writer_lock(checkpointer.cache, budget_s):  # a killed attempt's writer finishes first
+            if snapshots is not None:
+                held = snapshots.newest()
+                report = _Report(held[0] if held else None, snapshots.reached(), context.hostname)
     reports: list[_Report] = [report] * context.world_size
     dist.all_gather_object(reports, report)
     point = _decide(checkpointer, reports, context, budget_s) if context.is_main else None

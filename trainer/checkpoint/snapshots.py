@@ -7,13 +7,11 @@ lineage, so snapshots a previous run left in /dev/shm are never mistaken for thi
 they are removed. Inside, snapshots are checkpoints in the store format (manifest, sha256),
 at most two: the oldest is removed before the next is written, so the newest intact one is
 never overwritten. `reached` records the last step this node completed, for the count of
-steps a recovery lost. `writer.lock` is held by the process writing snapshots, so that a
-restarted node waits for a write still in flight before it looks.
+steps a recovery lost.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import math
@@ -21,9 +19,6 @@ import mmap
 import os
 import shutil
 import struct
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +32,7 @@ KEEP = 2
 # snapshot_every_steps=auto: the first after AUTO_FIRST steps, then re-sized at every
 # progress log from what snapshots cost
 AUTO_FIRST, AUTO_MIN, PAUSE_BUDGET = 20, 5, 0.005
-LOCK_FILE, REACHED_FILE = "writer.lock", "reached"
+REACHED_FILE = "reached"
 
 
 def snapshot_root(config: CheckpointConfig) -> Path:
@@ -86,10 +81,12 @@ class SnapshotDir:
 
     def newest(self) -> tuple[int, dict[str, Any]] | None:
         """The newest snapshot that verifies (sha256) and loads, with its state; damaged
-        ones are named in a warning and skipped."""
+        ones are named in a warning and skipped, and what a killed writer left half-written
+        is removed (call it holding `writer_lock`)."""
         if not self.folder.is_dir():
             return None
         checkpointer = self.checkpointer()
+        checkpointer.store.clean_staging(self.folder)
         for step in sorted(checkpointer.store.steps(), reverse=True):
             if checkpointer.fetch_verified(step):
                 try:
@@ -121,27 +118,6 @@ class SnapshotDir:
                 handle.truncate(8)
                 self._reached = mmap.mmap(handle.fileno(), 8)
         struct.pack_into("<q", self._reached, 0, step)
-
-    @contextmanager
-    def writing(self, timeout_s: float) -> Iterator[bool]:
-        """Hold the writer lock (True), or give up after `timeout_s` (False): a writer of a
-        previous attempt may still be finishing the snapshot it was given."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        handle = open(self.root / LOCK_FILE, "a+b")  # noqa: SIM115 (held across the yield)
-        deadline = time.monotonic() + timeout_s
-        try:
-            while True:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        yield False
-                        return
-                    time.sleep(0.05)
-            yield True
-        finally:
-            handle.close()
 
 
 def auto_interval(pause_s: float, writer_s: float, step_s: float) -> int:

@@ -72,12 +72,14 @@ class CheckpointWriter:
         config: CheckpointConfig,
         logger: logging.Logger,
         *,
+        cache: Path,
         snapshots: bool = False,
     ) -> None:
-        """`durable` is rank 0's store (None elsewhere); `snapshots` whether this rank may
-        keep snapshots. `config.async_save` chooses the writer process over inline writes;
-        a rank that writes neither starts no process."""
+        """`durable` is rank 0's store (None elsewhere); `cache` the location's node-local
+        folder; `snapshots` whether this rank may keep snapshots. `config.async_save` chooses
+        the writer process over inline writes; a rank that writes neither starts no process."""
         self.durable, self.config, self.attempts, self.log = durable, config, config.attempts, logger
+        self.cache = cache
         self.snapshots: SnapshotDir | None = None
         self.stats = CheckpointStats()
         self._staged = threading.Event()
@@ -109,10 +111,9 @@ class CheckpointWriter:
             snapshot_store = snapshots.checkpointer() if snapshots is not None else None
             self._inline = SaveWork(self.durable, snapshot_store, self.attempts, self._on_event)
             return
-        durable = self.durable
         setup = WriterSetup(
-            durable=None if durable is None else self.config,
-            cache=durable.cache if durable is not None else Path(),
+            durable=None if self.durable is None else self.config,
+            cache=self.cache,
             snapshots=snapshots,
             attempts=self.attempts,
         )

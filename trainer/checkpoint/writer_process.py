@@ -13,12 +13,15 @@ had already handed over. Signals meant for the training process group do not sto
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pickle
 import signal
 import sys
 import threading
-from contextlib import nullcontext
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -31,12 +34,13 @@ from trainer.checkpoint.writing import Event, SaveWork
 from trainer.config import CheckpointConfig
 
 WRITER_NICENESS = 10
-LOCK_WAIT_S = 60.0
+LOCK_FILE, LOCK_WAIT_S = "writer.lock", 60.0
 
 
 @dataclass(frozen=True)
 class WriterSetup:
-    """What the writer writes to: the durable store (rank 0 only), the node's snapshots."""
+    """What the writer writes to: the durable store (rank 0 only), the node's snapshots;
+    `cache` is the location's node-local folder (its staging and the writer lock)."""
 
     durable: CheckpointConfig | None
     cache: Path
@@ -69,8 +73,7 @@ def serve(inbox: BinaryIO, outbox: BinaryIO) -> None:
     work = SaveWork(durable, snapshots, setup.attempts, emit)
     reader = SharedStateReader()
     upload: threading.Thread | None = None
-    lock = setup.snapshots.writing(LOCK_WAIT_S) if setup.snapshots is not None else nullcontext(True)
-    with lock:
+    with writer_lock(setup.cache, LOCK_WAIT_S):
         while (message := _receive(inbox)) is not None:
             request, shared = message
             staged = work.stage(reader.open(shared), request)
@@ -79,8 +82,30 @@ def serve(inbox: BinaryIO, outbox: BinaryIO) -> None:
                     upload.join()
                 upload = threading.Thread(target=work.publish, args=(staged, request), name="upload")
                 upload.start()
-    if upload is not None:
-        upload.join()
+        if upload is not None:
+            upload.join()
+
+
+@contextmanager
+def writer_lock(cache: Path, timeout_s: float) -> Iterator[bool]:
+    """This node's writer lock for a checkpoint location (in its node-local cache folder):
+    a writer holds it until its last snapshot and upload are done, and a (re)starting run
+    takes it before it looks for a resume point, so that it sees what a writer of a killed
+    attempt was still finishing and never writes beside it. True once held; False if
+    `timeout_s` ran out first (the run goes on without it)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
+    with open(cache / LOCK_FILE, "a+b") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    yield False
+                    return
+                time.sleep(0.05)
+        yield True
 
 
 def main() -> int:
