@@ -13,10 +13,9 @@ slower on the digits CNN, 1 % on the tokens transformer.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
-from operator_scripts.benchrun import TrainerRun, run_trainer
+from operator_scripts.benchrun import TrainerRun, run_trainer, trainer_bench_parser
 from trainer.config import CheckpointConfig
 
 DEFAULT_EVERY = CheckpointConfig().snapshot_every_steps
@@ -63,16 +62,10 @@ def summary(runs: dict[str, list[TrainerRun]], target: float) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--config", help="bundled config or YAML (default: the trainer's, digits)")
-    parser.add_argument("--nproc", type=int, default=2, help="processes (one thread each; default 2)")
-    parser.add_argument("--repeats", type=int, default=5, help="rounds (default 5)")
+    parser = trainer_bench_parser(__doc__, repeats=5)
     parser.add_argument(
         "--every", nargs="+", default=[str(DEFAULT_EVERY), "5", "50"], help="intervals to compare (or auto)"
     )
-    parser.add_argument("--set", dest="overrides", action="append", default=[], help="trainer settings")
     args = parser.parse_args(argv)
     runs = measure(args.config, args.nproc, args.repeats, args.every, args.overrides)
     target = TARGETS.get(args.config or "digits", 0.98)

@@ -13,13 +13,12 @@ Lightning is the optional `bench` extra (`pip install -e '.[bench]'`).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import importlib.util
 import statistics
 from collections.abc import Callable
 
-from operator_scripts.benchrun import run_baseline, run_trainer
+from operator_scripts.benchrun import run_baseline, run_trainer, trainer_bench_parser
 
 DEFAULTS = [
     "train.epochs=30",
@@ -82,14 +81,7 @@ def summary(results: dict[str, list[float]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--config", help="bundled config or YAML (default: the trainer's, digits)")
-    parser.add_argument("--nproc", type=int, default=2, help="processes (one thread each; default 2)")
-    parser.add_argument("--repeats", type=int, default=7, help="rounds of every contender (default 7)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], help="trainer settings")
-    args = parser.parse_args(argv)
+    args = trainer_bench_parser(__doc__, repeats=7).parse_args(argv)
     results = measure(args.nproc, [*DEFAULTS, *args.overrides], args.repeats, args.config)
     if "Lightning" not in results:
         print("PyTorch Lightning is not installed (the optional `bench` extra): ours against the bare loop")

@@ -3,6 +3,7 @@ state from its JSON progress lines."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -54,6 +55,20 @@ class TrainerRun:
     split_ms: dict[str, float]
     parameters: int
     per_rank_batch: int
+
+
+def trainer_bench_parser(description: str, repeats: int) -> argparse.ArgumentParser:
+    """The options every benchmark of our trainer takes: config, processes, rounds, settings."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", help="bundled config or YAML (default: the trainer's, digits)")
+    parser.add_argument("--nproc", type=int, default=2, help="processes (one thread each; default 2)")
+    parser.add_argument(
+        "--repeats", type=int, default=repeats, help=f"interleaved rounds (default {repeats})"
+    )
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="trainer settings")
+    return parser
 
 
 def config_args(overrides: list[str], config: str | None) -> list[str]:

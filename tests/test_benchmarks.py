@@ -34,6 +34,15 @@ def test_checkpoint_benchmark_prints_both_ratios():
         assert re.search(r": \d+\.\d{3} \(target", line), line
 
 
+@pytest.mark.slow
+def test_snapshot_benchmark_prints_each_interval_against_none():
+    out = run_benchmark("bench_snapshot", "--repeats", "1", "--every", "auto", "7", "--set", "train.epochs=4")
+    assert re.search(r"^  no snapshots +: +[\d,]+ samples/s$", out, re.MULTILINE), out
+    auto = r"^  every +auto steps: +[\d,]+ samples/s, ratio \d\.\d{3} \(range .*; target >= 0\.98\); pauses"
+    assert re.search(auto, out, re.MULTILINE), out
+    assert re.search(r"^  every +7 steps: .* of step time, [\d.]+ ms per snapshot$", out, re.MULTILINE), out
+
+
 def test_throughput_benchmark_compares_ours_with_the_bare_loop_and_lightning():
     """Lightning is in the dev extra, so all three contenders run (one round each)."""
     out = run_benchmark("bench_throughput", "--nproc", "1", "--repeats", "1", "--set", "train.epochs=4")
