@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import logging
 import os
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -15,6 +17,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer.checkpoint import Checkpointer, open_store, rng
+from trainer.checkpoint.writer import spawn_writer
 from trainer.config import CheckpointConfig, Config, ConfigError, bundled_config_names, dump_yaml, load_config
 from trainer.data import DATASETS, build_data
 from trainer.distributed import DistContext, cuda_available, process_group, read_env, select_device
@@ -115,8 +118,22 @@ def refuse_overwrite(config: Config, checkpointer: Checkpointer) -> None:
 
 
 def train(config: Config, context: DistContext) -> int:
-    """Build data, model and store (failing fast), then train inside the process group."""
+    """Build data, model and store (failing fast), then train inside the process group. A
+    rank that writes checkpoints or snapshots spawns its writer process first, so that the
+    writer's start-up overlaps the run's."""
     logger = setup_logging(config.log, context)
+    writes = context.is_main or (context.is_node_main and config.checkpoint.snapshot_every_steps != 0)
+    writer = spawn_writer() if config.checkpoint.async_save and writes else None
+    try:
+        return _train(config, context, logger, writer)
+    finally:
+        if writer is not None:
+            writer.stdin.close()  # a no-op once the Trainer has handed it its last message
+
+
+def _train(
+    config: Config, context: DistContext, logger: logging.Logger, writer: subprocess.Popen | None
+) -> int:
     try:
         rng.seed_everything(config.seed)
         splits = build_data(config.data, config.seed)
@@ -143,7 +160,17 @@ def train(config: Config, context: DistContext) -> int:
         with process_group(context, device, config.dist.timeout_s):
             try:
                 trainer = Trainer(
-                    config, context, device, splits, module, checkpointer, logger, metrics, stop, lineage
+                    config,
+                    context,
+                    device,
+                    splits,
+                    module,
+                    checkpointer,
+                    logger,
+                    metrics,
+                    stop,
+                    lineage,
+                    writer,
                 )
                 trainer.run()
             except ConfigError as error:

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import resource
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -132,8 +133,10 @@ class Trainer:
         metrics: Metrics,
         stop: StopSignal,
         lineage: str | None = None,
+        writer_process: subprocess.Popen | None = None,
     ) -> None:
-        """`lineage` is the store's history id, known to rank 0 (see `Checkpointer.lineage`)."""
+        """`lineage` is the store's history id, known to rank 0 (see `Checkpointer.lineage`);
+        `writer_process` the writer spawned early for this rank, if it writes anything."""
         self.config, self.context, self.device = config, context, device
         self.splits, self.checkpointer, self.log, self.metrics = splits, checkpointer, logger, metrics
         self.stop = stop
@@ -151,6 +154,7 @@ class Trainer:
             logger,
             cache=checkpointer.cache,
             snapshots=context.is_node_main and self.snapshot_every > 0,
+            process=writer_process,
         )
         self.module = module.to(device)
         self.math = batch_math(config.train, config.optim, context.world_size)

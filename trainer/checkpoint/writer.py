@@ -28,7 +28,7 @@ from typing import Any
 from trainer.checkpoint.manager import Checkpointer
 from trainer.checkpoint.shared_state import SharedStateBuffer
 from trainer.checkpoint.snapshots import SnapshotDir
-from trainer.checkpoint.writer_process import WriterSetup
+from trainer.checkpoint.writer_process import WRITER_NICENESS, WriterSetup
 from trainer.checkpoint.writing import (
     AttemptFailed,
     Event,
@@ -42,7 +42,10 @@ from trainer.config import CheckpointConfig
 from trainer.log import event
 
 # not `-m`: the package already imports the module, and runpy would run a second copy
-WRITER_MAIN = "from trainer.checkpoint.writer_process import main; raise SystemExit(main())"
+WRITER_MAIN = (
+    f"import os; os.nice({WRITER_NICENESS}); "
+    "from trainer.checkpoint.writer_process import main; raise SystemExit(main())"
+)
 
 
 @dataclass
@@ -63,6 +66,18 @@ class CheckpointStats:
     last_snapshot_seconds: float = 0.0
 
 
+def spawn_writer() -> subprocess.Popen:
+    """Start a writer process. Spawned as early as the run knows it needs one, its imports
+    (torch: a second or two of CPU) overlap the run's own start-up; it runs at a lower CPU
+    priority from the first instruction, so they take idle cycles; it waits for its setup."""
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER_MAIN],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,  # a Ctrl-C to the terminal's group is for the trainer
+    )
+
+
 class CheckpointWriter:
     """Saves of one node: snapshots (every node's first rank) and durable checkpoints (rank 0)."""
 
@@ -74,10 +89,12 @@ class CheckpointWriter:
         *,
         cache: Path,
         snapshots: bool = False,
+        process: subprocess.Popen | None = None,
     ) -> None:
         """`durable` is rank 0's store (None elsewhere); `cache` the location's node-local
         folder; `snapshots` whether this rank may keep snapshots. `config.async_save` chooses
-        the writer process over inline writes; a rank that writes neither starts no process."""
+        the writer process over inline writes: `process` if one was spawned early (see
+        `spawn_writer`), else one started here; a rank that writes neither has none."""
         self.durable, self.config, self.attempts, self.log = durable, config, config.attempts, logger
         self.cache = cache
         self.snapshots: SnapshotDir | None = None
@@ -93,13 +110,9 @@ class CheckpointWriter:
         self._inline: SaveWork | None = None
         self._snapshot_failing = False
         if config.async_save and (durable is not None or snapshots):
-            # started now: its imports overlap the run's start-up; it waits for its setup
-            self._process = subprocess.Popen(
-                [sys.executable, "-c", WRITER_MAIN],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                start_new_session=True,  # a Ctrl-C to the terminal's group is for the trainer
-            )
+            self._process = process or spawn_writer()
+        elif process is not None:
+            process.stdin.close()
 
     def start(self, snapshots: SnapshotDir | None) -> None:
         """Begin writing: durable checkpoints if this rank has a store, snapshots if given."""

@@ -1,13 +1,14 @@
-"""The checkpoint writer process (`main`), started by `writer.CheckpointWriter`.
+"""The checkpoint writer process (`main`), started by `writer.spawn_writer`.
 
-Started by a node's first rank at the start of training. It serializes, hashes and uploads
-in its own interpreter, so none of that holds the training process's GIL, at a lower CPU
-priority, so it fills idle cycles. It reads pickled messages on stdin (a `WriterSetup`,
-then `(SaveRequest, SharedState)` pairs) and answers with pickled events on stdout. The
-next stage waits for nothing but the previous stage; the upload runs on a thread, one at a
-time. When its parent is gone (stdin closes, a SIGKILLed rank included) it finishes what it
-was given, the snapshot in flight and the upload, and exits: a killed rank loses no state it
-had already handed over. Signals meant for the training process group do not stop it.
+Started by a node's first rank at the start of a run. It serializes, hashes and uploads in
+its own interpreter, so none of that holds the training process's GIL, at a lower CPU
+priority (set before its imports), so it fills idle cycles. It reads pickled messages on
+stdin (a `WriterSetup`, then `(SaveRequest, SharedState)` pairs) and answers with pickled
+events on stdout. The next stage waits for nothing but the previous stage; the upload runs
+on a thread, one at a time. When its parent is gone (stdin closes, a SIGKILLed rank
+included) it finishes what it was given, the snapshot in flight and the upload, and exits:
+a killed rank loses no state it had already handed over. Signals meant for the training
+process group do not stop it.
 """
 
 from __future__ import annotations
@@ -111,7 +112,6 @@ def writer_lock(cache: Path, timeout_s: float) -> Iterator[bool]:
 def main() -> int:
     for name in ("SIGINT", "SIGTERM"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
-    os.nice(WRITER_NICENESS)
     outbox = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     sys.stdout = sys.stderr  # anything printed must not corrupt the event stream
     serve(sys.stdin.buffer, outbox)
