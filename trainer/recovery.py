@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.checkpoint import Checkpointer, CheckpointError
-from trainer.checkpoint.shared_state import ALIGN, join_tensors, split_tensors
+from trainer.checkpoint.shared_state import aligned_slots, join_tensors, split_tensors
 from trainer.checkpoint.snapshots import SnapshotDir
 from trainer.checkpoint.writer_process import writer_lock
 from trainer.distributed import DistContext, broadcast_object
@@ -109,19 +109,16 @@ def broadcast_state(state: dict[str, Any] | None, src: int, device: torch.device
     holder = [(skeleton, layout)]
     dist.broadcast_object_list(holder, src=src)
     skeleton, layout = holder[0]
-    offsets, total = [], 0
-    for dtype, shape in layout:
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        offsets.append((total, nbytes))
-        total += -(-nbytes // ALIGN) * ALIGN
+    slots, total = aligned_slots(layout)
     buffer = torch.empty(total, dtype=torch.uint8, device=device)
     if dist.get_rank() == src:
-        for tensor, (offset, nbytes) in zip(tensors, offsets, strict=True):
-            buffer[offset : offset + nbytes].copy_(tensor.contiguous().reshape(-1).view(torch.uint8))
+        for tensor, slot in zip(tensors, slots, strict=True):
+            flat = tensor.contiguous().reshape(-1).view(torch.uint8)
+            buffer[slot.offset : slot.offset + slot.nbytes].copy_(flat)
     dist.broadcast(buffer, src=src)
     received = [
-        buffer[offset : offset + nbytes].view(dtype).view(shape).to("cpu", copy=True)
-        for (dtype, shape), (offset, nbytes) in zip(layout, offsets, strict=True)
+        buffer[slot.offset : slot.offset + slot.nbytes].view(dtype).view(shape).to("cpu", copy=True)
+        for (dtype, shape), slot in zip(layout, slots, strict=True)
     ]
     return join_tensors(skeleton, received)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pickle
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,12 +112,8 @@ class SharedStateBuffer:
     def _allocate(self, layout: tuple[tuple[torch.dtype, tuple[int, ...]], ...]) -> None:
         self.close()
         remove_orphans(self.folder)
-        slots, offset = [], 0
-        for dtype, shape in layout:
-            nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
-            slots.append(TensorSlot(offset, nbytes, str(dtype).removeprefix("torch."), shape))
-            offset += -(-nbytes // ALIGN) * ALIGN
-        size = max(offset, ALIGN)
+        slots, end = aligned_slots(layout)
+        size = max(end, ALIGN)
         path = self.folder / f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -127,7 +124,7 @@ class SharedStateBuffer:
             raise
         finally:
             os.close(descriptor)
-        self.path, self._layout, self._slots, self._size = path, layout, tuple(slots), size
+        self.path, self._layout, self._slots, self._size = path, layout, slots, size
         self._views = [view.reshape(-1) for view in map_slots(str(path), size, self._slots)]
 
     def close(self) -> None:
@@ -135,6 +132,20 @@ class SharedStateBuffer:
         if self.path is not None:
             self.path.unlink(missing_ok=True)
         self.path, self._layout, self._views = None, None, []
+
+
+Layout = Sequence[tuple[torch.dtype, tuple[int, ...]]]
+
+
+def aligned_slots(layout: Layout) -> tuple[tuple[TensorSlot, ...], int]:
+    """Where each tensor of `layout` lies in one flat byte buffer, each on an ALIGN boundary,
+    and the buffer's length."""
+    slots, offset = [], 0
+    for dtype, shape in layout:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        slots.append(TensorSlot(offset, nbytes, str(dtype).removeprefix("torch."), shape))
+        offset += -(-nbytes // ALIGN) * ALIGN
+    return tuple(slots), offset
 
 
 def remove_orphans(folder: Path) -> None:

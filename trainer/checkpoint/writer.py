@@ -121,8 +121,7 @@ class CheckpointWriter:
             self._process.stdin.close()  # nothing to write on this rank after all
             self._process = None
         if self._process is None:
-            snapshot_store = snapshots.checkpointer() if snapshots is not None else None
-            self._inline = SaveWork(self.durable, snapshot_store, self.attempts, self._on_event)
+            self._write_inline()
             return
         setup = WriterSetup(
             durable=None if self.durable is None else self.config,
@@ -201,6 +200,11 @@ class CheckpointWriter:
         if self._buffer is not None:
             self._buffer.close()
 
+    def _write_inline(self) -> None:
+        """From now on, saves run in this process (`async_save=false`, or the writer died)."""
+        snapshot_store = self.snapshots.checkpointer() if self.snapshots is not None else None
+        self._inline = SaveWork(self.durable, snapshot_store, self.attempts, self._on_event)
+
     def _send(self, message: object) -> None:
         try:
             pickle.dump(message, self._process.stdin)
@@ -222,8 +226,7 @@ class CheckpointWriter:
                 "the checkpoint writer process exited (code %s); writing checkpoints inline from now on", code
             )
             self._process = None
-            snapshot_store = self.snapshots.checkpointer() if self.snapshots is not None else None
-            self._inline = SaveWork(self.durable, snapshot_store, self.attempts, self._on_event)
+            self._write_inline()
             if not self._durable_idle.is_set():
                 self._on_event(PublishFailed(self._writing or -1, 0))
             self._staged.set()
