@@ -393,11 +393,16 @@ def run(
             if now - started > timeout:
                 condition = JobCondition("Failed", f"DeadlineExceeded: still running after {timeout:.0f}s")
                 break
-            failures = [reason for pod in pods if (reason := _advance(pod, hosts, now, notify))]
-            states = [pod.state for pod in pods]
-            condition = job_condition(
-                job, states, permanent_failure="; ".join(failures), new_failure=bool(failures)
-            )
+            failures: list[str] = []
+            for pod in pods:  # the operator reconciles on each pod's change, not once per round
+                if reason := _advance(pod, hosts, now, notify):
+                    failures.append(reason)
+                states = [pod.state for pod in pods]
+                condition = job_condition(
+                    job, states, permanent_failure="; ".join(failures), new_failure=bool(failures)
+                )
+                if condition.status != "Running":
+                    break
             if on_tick is not None:
                 on_tick(pods)
             time.sleep(0.1)
