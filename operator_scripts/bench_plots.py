@@ -1,5 +1,5 @@
 """The scaling benchmark's two PNGs: throughput against processes with the ideal line, and
-our step time split into data, compute, communication and checkpoint."""
+our step time split into data, compute, communication, checkpoint and loop bookkeeping."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ PARTS = (
     ("compute_ms", "compute (forward, backward, optimizer)", "#66c2a5"),
     ("communication_ms", "communication left exposed", "#fc8d62"),
     ("checkpoint_ms", "checkpoint snapshot", "#e78ac3"),
+    ("logging_ms", "loop bookkeeping", "#a6d854"),
 )
 
 

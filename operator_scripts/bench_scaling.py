@@ -17,7 +17,7 @@ single-process step's prediction is printed too. On a CPU the all-reduce needs t
 cores as backward, so no overlap is the relevant column.
 
 Two plots are written: throughput against processes with the ideal line, and our step
-time split into data, compute, communication and checkpoint.
+time split into data, compute, communication, checkpoint and loop bookkeeping.
 """
 
 from __future__ import annotations

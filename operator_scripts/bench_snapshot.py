@@ -40,13 +40,12 @@ def measure(config: str | None, nproc: int, repeats: int, intervals: list[str], 
 
 
 def summary(runs: dict[str, list[TrainerRun]], target: float) -> list[str]:
-    base = runs["0"]
-    rate = lambda run: run.samples_per_second_with_saves  # noqa: E731
-    lines = [f"  no snapshots     : {statistics.median(map(rate, base)):>9,.0f} samples/s"]
+    rates = {every: [run.samples_per_second for run in contender] for every, contender in runs.items()}
+    lines = [f"  no snapshots     : {statistics.median(rates['0']):>9,.0f} samples/s"]
     for every, contender in runs.items():
         if every == "0":
             continue
-        ratios = [rate(mine) / rate(theirs) for mine, theirs in zip(contender, base, strict=True)]
+        ratios = [mine / theirs for mine, theirs in zip(rates[every], rates["0"], strict=True)]
         share = statistics.median(run.split_ms["checkpoint_ms"] / run.step_ms for run in contender)
         per_snapshot = ""
         if every.isdigit():
@@ -54,7 +53,7 @@ def summary(runs: dict[str, list[TrainerRun]], target: float) -> list[str]:
             per_snapshot = f", {pause_ms:.2f} ms per snapshot"
         goal = f"; target >= {target:.2f}" if every == str(DEFAULT_EVERY) else ""
         lines.append(
-            f"  every {every:>4s} steps: {statistics.median(map(rate, contender)):>9,.0f} samples/s, "
+            f"  every {every:>4s} steps: {statistics.median(rates[every]):>9,.0f} samples/s, "
             f"ratio {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}{goal}); "
             f"pauses {100 * share:.2f}% of step time{per_snapshot}"
         )

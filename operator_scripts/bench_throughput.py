@@ -34,7 +34,7 @@ Runner = Callable[[int, list[str]], float]
 
 
 def ours(nproc: int, overrides: list[str], *, config: str | None) -> float:
-    return run_trainer(nproc, overrides, log_every=LOG_EVERY, config=config).samples_per_second_with_saves
+    return run_trainer(nproc, overrides, log_every=LOG_EVERY, config=config).samples_per_second
 
 
 def contenders(config: str | None) -> dict[str, Runner]:

@@ -40,17 +40,17 @@ def torchrun(nproc: int, args: list[str], cwd: str) -> str:
     return completed.stdout
 
 
-SPLIT_FIELDS = ("data_ms", "compute_ms", "communication_ms", "checkpoint_ms")
+SPLIT_FIELDS = ("data_ms", "compute_ms", "communication_ms", "checkpoint_ms", "logging_ms")
 
 
 @dataclass(frozen=True)
 class TrainerRun:
-    """One run's median global samples/s and mean step split in ms (a mean, so that the
-    occasional checkpoint counts; the first progress lines left out as warm-up), model
-    size and per-rank batch."""
+    """One run's median global samples/s (checkpoint and snapshot pauses counted as time, as
+    the progress lines count them) and mean step split in ms (a mean, so that the occasional
+    checkpoint counts; the first progress lines left out as warm-up), model size and
+    per-rank batch."""
 
     samples_per_second: float
-    samples_per_second_with_saves: float  # checkpoint and snapshot pauses counted as time
     step_ms: float
     split_ms: dict[str, float]
     parameters: int
@@ -100,13 +100,8 @@ def run_trainer(
 ) -> TrainerRun:
     """One trainer run's steady-state figures."""
     start, steady = trainer_records(nproc, overrides, log_every=log_every, config=config)
-    with_saves = (
-        record["samples_per_second"] * record["step_ms"] / (record["step_ms"] + record["checkpoint_ms"])
-        for record in steady
-    )
     return TrainerRun(
         statistics.median(record["samples_per_second"] for record in steady),
-        statistics.median(with_saves),
         statistics.mean(record["step_ms"] for record in steady),
         {field: statistics.mean(record[field] for record in steady) for field in SPLIT_FIELDS},
         start["parameters"],

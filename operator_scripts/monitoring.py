@@ -17,11 +17,19 @@ from pathlib import Path
 import yaml
 
 from operator_scripts import generated
+from trainer.metrics import PART_COUNTERS
 
 ROOT = generated.ROOT
 DASHBOARD_FILE = ROOT / "helm" / "files" / "dashboards" / "ddp-training.json"
 RULES_FILE = ROOT / "helm" / "files" / "alerts" / "ddp-training.rules.yaml"
 JOB = 'job=~"$job"'
+SPLIT_LABELS = {
+    "data": "waiting for data",
+    "compute": "compute",
+    "communication": "communication left exposed",
+    "checkpoint": "checkpoint pause",
+    "logging": "loop bookkeeping",
+}
 RATE = "$__rate_interval"
 
 
@@ -69,16 +77,13 @@ PANELS: tuple[Panel, ...] = (
     Panel(
         "Step time split",
         tuple(
-            (f"{_rate(counter)} / {_rate('ddp_train_steps_total')}", part)
-            for counter, part in (
-                ("ddp_train_data_wait_seconds_total", "waiting for data"),
-                ("ddp_train_compute_seconds_total", "compute"),
-                ("ddp_train_communication_seconds_total", "communication left exposed"),
-            )
+            (f"{_rate(PART_COUNTERS[part][0])} / {_rate('ddp_train_steps_total')}", label)
+            for part, label in SPLIT_LABELS.items()
         ),
         "s",
-        "Seconds per step and rank, averaged over ranks: where a step goes. Communication is the "
-        "wait for the gradient all-reduce after the rank's own backward, slower peers included.",
+        "Seconds per step and rank, averaged over ranks: where a step goes, every second in one "
+        "part (device time on GPUs). Communication is the wait for the gradient all-reduce after "
+        "the rank's own backward, slower peers included.",
     ),
     Panel(
         "Scaling efficiency",

@@ -68,8 +68,10 @@ def free_port() -> int:
 
 
 def process_env(extra: dict[str, str] | None = None, *, audit: bool = False) -> dict[str, str]:
-    """The environment for a trainer process: our package and the test plug-ins importable."""
+    """The environment for a trainer process: our package and the test plug-ins importable,
+    and no GPU: these are the CPU (gloo) tests on any host; the `gpu` tests pass their own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
+    env["CUDA_VISIBLE_DEVICES"] = ""
     paths = [str(REPO), str(HELPERS)] + ([str(AUDIT)] if audit else [])
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["OMP_NUM_THREADS"] = "1"

@@ -11,14 +11,12 @@ import time
 import urllib.request
 
 import pytest
-import torch
 from conftest import free_port, process_env, run_trainer
-from torch import nn
 
 from trainer.config import MetricsConfig
 from trainer.distributed import read_env
 from trainer.metrics import attempt_dir, peak_flops, prepare_multiprocess_dir
-from trainer.straggler import BackwardClock, straggler_lag
+from trainer.step_split import straggler_lag
 
 
 def test_straggler_lag_is_the_slowest_over_the_median():
@@ -32,17 +30,6 @@ def test_peak_flops_from_config_then_device_table():
     assert peak_flops(MetricsConfig(), "NVIDIA H200") == 989e12
     assert peak_flops(MetricsConfig(), "NVIDIA A100-SXM4-80GB") == 312e12
     assert peak_flops(MetricsConfig(), "cpu") == 0.0
-
-
-def test_backward_clock_marks_the_end_of_backward():
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    clock = BackwardClock()
-    clock.install(model)
-    started = time.perf_counter()
-    model(torch.randn(3, 4)).sum().backward()
-    ready = clock.take()
-    assert ready is not None and started < ready < time.perf_counter()
-    assert clock.take() is None  # consumed
 
 
 def test_each_restart_attempt_gets_a_clean_folder(tmp_path, monkeypatch):

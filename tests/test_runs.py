@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import math
 import os
@@ -26,6 +27,8 @@ from conftest import (
     torchrun_command,
 )
 from eval_worker import datasets_and_models
+
+from trainer.timing import PARTS
 
 QUICK = ["--config", "digits", "--set", "log.every_steps=5"]
 
@@ -135,10 +138,11 @@ def test_json_log_lines(workdir):
     assert start["global_batch"] == 32 and documents[-1]["test_accuracy"] is not None
 
 
+@pytest.mark.slow
 def test_progress_lines_split_the_step_and_report_mfu_and_memory(workdir):
     """Two ranks of the transformer with a stated peak: each progress line's parts are
-    non-negative and add up to the step (less loop bookkeeping), MFU is the declared FLOPs over the
-    peak, and the peak memory is the process's own."""
+    non-negative and add up to its step, MFU is the declared FLOPs over the peak, and the
+    peak memory is the process's own. (Tests run on the CPU: conftest hides any GPU.)"""
     peak = 1e11
     completed = subprocess.run(
         torchrun_command(
@@ -154,12 +158,39 @@ def test_progress_lines_split_the_step_and_report_mfu_and_memory(workdir):
     lines = [document for document in documents if document["event"] == "progress"]
     assert [line["step"] for line in lines] == [10, 20, 30]
     for line in lines:
-        parts = [line[name] for name in ("data_ms", "compute_ms", "communication_ms")]
-        assert min(parts) >= 0 and line["checkpoint_ms"] >= 0
-        assert 0.5 * line["step_ms"] < sum(parts) < 1.05 * line["step_ms"]  # means over ranks
+        parts = [line[f"{name}_ms"] for name in PARTS]
+        assert min(parts) >= 0 and line["compute_ms"] > 0
+        assert sum(parts) == pytest.approx(line["step_ms"], abs=1e-3)
         expected = start["flops_per_sample"] * line["samples_per_second"] / (peak * 2)
         assert math.isclose(line["mfu"], expected, rel_tol=0.01, abs_tol=1e-4)
         assert 50 < line["peak_memory_mb"] < 8192
+
+
+@pytest.mark.slow
+def test_a_slow_rank_is_the_straggler_and_the_split_accounts_for_the_wall_clock(workdir):
+    """Rank 1 does 20 ms more work per step: every progress line names it, with a lag near
+    its extra work; rank 0's wait for it is communication. Each line's step time, the
+    parts' sum, matches the wall clock between lines within 5 %."""
+    settings = (
+        "model.name=plugins:straggler_model,model.options.rank=1,model.options.delay_s=0.02,"
+        "train.batch_size=8,train.max_steps=60,log.every_steps=10,log.format=json,checkpoint.every_steps=0,"
+        "checkpoint.snapshot_every_steps=0,metrics.history_file=history.jsonl"
+    )
+    completed = subprocess.run(
+        torchrun_command(["--set", settings]),
+        cwd=workdir, env=process_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    history = [json.loads(line) for line in (workdir / "history.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in history] == [10, 20, 30, 40, 50, 60]
+    for line in history:
+        assert line["slowest_rank"] == 1 and line["straggler_lag"] > 0.5, line  # max < 1 at 2 ranks
+        assert line["communication_ms"] > 5, line  # the fast rank's wait, averaged over both
+        assert sum(line[f"{name}_ms"] for name in PARTS) == pytest.approx(line["step_ms"], abs=1e-3)
+    # the first window warms up; the last line is logged at once, not after one more step
+    for before, after in itertools.pairwise(history[1:-1]):
+        wall_ms = 1000 * (after["time"] - before["time"]) / 10
+        assert after["step_ms"] == pytest.approx(wall_ms, rel=0.05), (before, after)
 
 
 def test_exact_distributed_evaluation_equals_one_process(tmp_path):

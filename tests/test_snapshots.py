@@ -239,12 +239,24 @@ def test_rng_streams_pack_to_a_fixed_size_and_restore_exactly():
     assert equal(list(draws()), list(expected))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_current_cuda_devices_stream_packs_and_restores():
+    torch.cuda.init()
+    rng.seed_everything(4)
+    packed = rng.pack()
+    expected = torch.rand(4, device="cuda").cpu()
+    rng.seed_everything(98)
+    rng.restore(packed)
+    assert torch.equal(torch.rand(4, device="cuda").cpu(), expected)
+
+
 def test_the_dict_form_of_older_checkpoints_still_restores():
     rng.seed_everything(5)
     numpy_state = np.random.get_state(legacy=False)
     old_form = {
         "torch": torch.get_rng_state(),
-        "cuda": [torch.zeros(16, dtype=torch.uint8)] * 8,  # saved on 8 GPUs; this host has none
+        "cuda": [torch.zeros(16, dtype=torch.uint8)] * 8,  # saved on 8 GPUs, more than this host has
         "python": random.getstate(),
         "numpy": {
             "bit_generator": numpy_state["bit_generator"],

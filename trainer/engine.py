@@ -9,8 +9,6 @@ import resource
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -35,7 +33,17 @@ from trainer.preemption import Stopped, StopSignal
 from trainer.recovery import ResumePoint, recover
 from trainer.resume import config_changes
 from trainer.step import autocast_for, train_step
-from trainer.straggler import BackwardClock, straggler_lag
+from trainer.step_split import StepSplit
+from trainer.timing import (
+    CHECKPOINT,
+    DATA,
+    LOGGING,
+    PARTS,
+    StepSeconds,
+    clock_for,
+    lap_when_backward_ends,
+    lapped,
+)
 
 
 @dataclass
@@ -52,53 +60,34 @@ class Progress:
 
 
 class Window:
-    """Timing since the last progress line: steps, training time, and how this rank's steps
-    split into waiting for data, computing and waiting for gradients (communication left
-    exposed, peers' lateness included). It runs across epoch boundaries, so every line covers
-    the same number of steps; validation and checkpoint snapshots are timed apart."""
+    """What a progress line covers: the steps since the last line with their summed loss,
+    and the time of the steps the clock has resolved meanwhile, per part (on CUDA those the
+    GPU has finished, so a line's split may trail its loss by a step or two). It runs across
+    epoch boundaries, so every line covers the same number of steps."""
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
-        self.started = time.perf_counter()
-        self.excluded = 0.0
-        self.checkpoint = 0.0
-        self.saves = 0
         self.steps = 0
-        self.data_wait = 0.0
-        self.compute = 0.0
-        self.communication = 0.0
         self.loss_sum: torch.Tensor | None = None
+        self.timed_steps = 0
+        self.saves = 0
+        self.seconds = [0.0] * len(PARTS)
 
-    @property
-    def training_seconds(self) -> float:
-        """Wall time since the last line, less validation and checkpoint snapshots."""
-        return time.perf_counter() - self.started - self.excluded
-
-    @contextmanager
-    def excluding(self, *, checkpoint: bool = False) -> Iterator[None]:
-        """Time spent in the block does not count as training time."""
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            spent = time.perf_counter() - started
-            self.excluded += spent
-            if checkpoint:
-                self.checkpoint += spent
-                self.saves += 1
-
-    def add(self, loss: torch.Tensor, data_wait: float, compute: float, communication: float) -> None:
+    def add(self, loss: torch.Tensor) -> None:
         self.steps += 1
-        self.data_wait += data_wait
-        self.compute += compute
-        self.communication += communication
         self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
 
+    def add_times(self, seconds: StepSeconds) -> None:
+        self.timed_steps += 1
+        self.saves += seconds[CHECKPOINT] > 0
+        for part, spent in enumerate(seconds):
+            self.seconds[part] += spent
+
     def timings(self) -> list[float]:
-        """This rank's step split, gathered beside its loss for the progress line."""
-        return [self.data_wait, self.compute, self.communication]
+        """This rank's timed steps and their seconds per part, gathered beside its loss."""
+        return [self.timed_steps, *self.seconds]
 
 
 @dataclass
@@ -111,9 +100,6 @@ class PendingProgress:
     step: int
     epoch: int
     steps: int
-    elapsed: float
-    checkpoint: float
-    saves: int
     lr: float
     grad_norm: torch.Tensor | None
 
@@ -172,6 +158,8 @@ class Trainer:
         )
         self.sampler = self.loader.sampler
         self.steps_per_epoch = steps_per_epoch(len(splits.train), config.train, context.world_size)
+        self.samples_per_rank = config.train.batch_size * config.train.grad_accum_steps
+        self.tokens_per_rank = self.samples_per_rank * splits.spec.tokens_per_sample
         self.total_steps = 0  # planned after the resume, from where the run stands
         self.schedule: LRSchedule | None = None
         self.lr = self.math.lr
@@ -183,7 +171,7 @@ class Trainer:
         self.last_validated: int | None = None
         self.val_metrics: dict[str, float] = {}
         self.model: DistributedDataParallel | None = None
-        self.clock = BackwardClock()
+        self.clock = clock_for(device)
         self.grad_norm: torch.Tensor | None = None
         self.pending_progress: PendingProgress | None = None
         self.flops_per_sample: float | None = getattr(module, "flops_per_sample", None)
@@ -208,7 +196,7 @@ class Trainer:
         self.model = DistributedDataParallel(
             self.module, device_ids=[self.device.index] if self.device.type == "cuda" else None
         )
-        self.clock.install(self.module)
+        lap_when_backward_ends(self.module, self.clock)
         self._banner()
         self.metrics.progress(
             {
@@ -324,6 +312,7 @@ class Trainer:
         )
         window = Window()
         self.stop.start_training(self.device)
+        self.clock.lap(None)  # the set-up before the first step is no step's
         try:
             with bar, logging_redirect_tqdm(loggers=[self.log]):
                 while not self._finished():
@@ -369,20 +358,19 @@ class Trainer:
         self.sampler.resume_at(progress.epoch_position)
         steps = self._steps_left_in_epoch()
         if steps == 0:  # no full global batch left: a resume at more ranks near the epoch's end
-            with window.excluding():
+            with lapped(self.clock, None):
                 self._end_epoch()
             if self._finished():
-                with window.excluding(checkpoint=True):
+                with lapped(self.clock, CHECKPOINT):
                     self._save(wait_s=self.solo_budget_s)
             return
         batches = iter(self.loader)
         samples_per_step = self.math.global_batch
-        samples_per_rank = train.batch_size * train.grad_accum_steps
-        tokens_per_rank = samples_per_rank * self.splits.spec.tokens_per_sample
         for index in range(steps):
             started = time.perf_counter()
+            self.clock.lap(LOGGING)
             micro_batches = [next(batches) for _ in range(train.grad_accum_steps)]
-            fetched = time.perf_counter()
+            self.clock.lap(DATA)
             result = train_step(
                 self.model,
                 micro_batches,
@@ -390,47 +378,44 @@ class Trainer:
                 self.scaler,
                 amp=train.amp,
                 clip_grad_norm=train.clip_grad_norm,
+                clock=self.clock,
             )
+            self.clock.end_step()
             progress.step += 1
             progress.epoch_position += samples_per_step
             progress.samples += samples_per_step
             self.lr = self.schedule.apply(self.optimizer, progress.samples)
             if self.snapshots is not None:
                 self.snapshots.mark(progress.step)
-            ended = time.perf_counter()
-            waited = fetched - started
-            communication = result.synced_at - (self.clock.take() or result.synced_at)
-            compute = ended - fetched - communication
-            self.metrics.step(
-                samples=samples_per_rank,
-                tokens=tokens_per_rank,
-                seconds=ended - started,
-                data_wait=waited,
-                compute=compute,
-                communication=communication,
-            )
             if result.grad_norm is not None:
                 self.grad_norm = result.grad_norm
-            window.add(result.loss, waited, compute, communication)
+            window.add(result.loss)
+            self._account(window)
             bar.update(1)
-            self.stop.poll(progress.step, ended - started)
+            self.stop.poll(progress.step, time.perf_counter() - started)
             self._report_progress()
             if progress.step % self.config.log.every_steps == 0 or progress.step == self.total_steps:
                 self._gather_progress(window)
             epoch_done = index == steps - 1
             if epoch_done:
                 self._report_progress()
-                with window.excluding():
+                with lapped(self.clock, None):
                     self._end_epoch()
             finished = self._finished()
             every = self.config.checkpoint.every_steps
             durable = finished or bool(every and progress.step % every == 0)
             if durable or (self.snapshot_every and progress.step % self.snapshot_every == 0):
                 self._report_progress()
-                with window.excluding(checkpoint=True):
+                with lapped(self.clock, CHECKPOINT):
                     self._save(wait_s=self.solo_budget_s, durable=durable)
             if epoch_done or finished:
                 return
+
+    def _account(self, window: Window, *, wait: bool = False) -> None:
+        """Hand the steps whose time the clock has resolved to the metrics and the window."""
+        for seconds in self.clock.resolved(wait=wait):
+            self.metrics.step(seconds, samples=self.samples_per_rank, tokens=self.tokens_per_rank)
+            window.add_times(seconds)
 
     def _steps_left_in_epoch(self) -> int:
         """Full optimizer steps left in the sampler's epoch, at this world size."""
@@ -466,7 +451,9 @@ class Trainer:
 
     def _gather_progress(self, window: Window) -> None:
         """Start gathering every rank's loss and step split for a progress line; the next
-        step runs while the gather travels, and `_report_progress` reads it afterwards."""
+        step runs while the gather travels, and `_report_progress` reads it afterwards. At
+        the last step every step's time is waited for, so the last line covers them all."""
+        self._account(window, wait=self.progress.step == self.total_steps)
         row = [*window.timings(), self._proposed_interval(window)]
         local = torch.cat(
             [window.loss_sum.double().reshape(1), torch.tensor(row, dtype=torch.float64).to(self.device)]
@@ -478,9 +465,6 @@ class Trainer:
             step=self.progress.step,
             epoch=self.progress.epoch + 1,
             steps=window.steps,
-            elapsed=window.training_seconds,
-            checkpoint=window.checkpoint,
-            saves=window.saves,
             lr=self.lr,
             grad_norm=self.grad_norm,
         )
@@ -497,12 +481,11 @@ class Trainer:
         if not self.context.is_main:
             self.metrics.progress({"epoch": pending.epoch})
             return
-        steps, world, elapsed = pending.steps, self.context.world_size, pending.elapsed
-        loss_sum, data_wait, compute, communication = (table[:, :4].sum(0) / world).tolist()
-        mean_loss = loss_sum / steps
-        rate = steps * self.math.global_batch / elapsed
-        lag, slowest = straggler_lag((table[:, 1] + table[:, 2]).tolist())
-        eta = (self.total_steps - pending.step) * elapsed / steps
+        world = self.context.world_size
+        mean_loss = float(table[:, 0].sum()) / world / pending.steps
+        split = StepSplit.of(table[:, 1:-1])
+        rate = self.math.global_batch / split.step_seconds if split.step_seconds else 0.0
+        eta = (self.total_steps - pending.step) * split.step_seconds
         mfu = None
         if self.flops_per_sample and self.peak_flops:
             mfu = self.flops_per_sample * rate / (self.peak_flops * world)
@@ -514,11 +497,13 @@ class Trainer:
             "loss": round(mean_loss, 6),
             "lr": pending.lr,
             "samples_per_second": round(rate, 1),
-            "data_wait_share": round(data_wait / elapsed, 4),
+            "data_wait_share": round(split.data_share, 4),
             "eta_seconds": round(eta, 1),
             "mfu": None if mfu is None else round(mfu, 4),
             "peak_memory_mb": round(peak_memory_bytes(self.device) / 2**20, 1),
-            **step_split_ms(elapsed, data_wait, compute, communication, pending.checkpoint, steps),
+            **split.milliseconds(),
+            "straggler_lag": round(split.straggler_lag, 4),
+            "slowest_rank": split.slowest_rank,
         }
         event(
             self.log,
@@ -537,20 +522,21 @@ class Trainer:
                 "epoch": pending.epoch,
                 "samples_per_second": rate,
                 "mfu": mfu,
-                "straggler_lag": lag,
-                "slowest_rank": slowest,
+                "straggler_lag": split.straggler_lag,
+                "slowest_rank": split.slowest_rank,
             }
         )
-        self._append_history({**fields, "straggler_lag": lag, "time": time.time()})
+        self._append_history({**fields, "time": time.time()})
 
     def _proposed_interval(self, window: Window) -> int:
         """With snapshot_every_steps=auto, rank 0's choice of interval from this window's
         save pauses, its writer's time per snapshot and the step time (sent to every rank in
         the progress gather, so that all switch at the same step)."""
         stats = self.writer.stats
-        if not (self.pacer and window.saves and window.steps and stats.last_snapshot_seconds):
+        if not (self.pacer and window.saves and window.timed_steps and stats.last_snapshot_seconds):
             return self.snapshot_every
-        pause_s, step_s = window.checkpoint / window.saves, window.training_seconds / window.steps
+        pause_s = window.seconds[CHECKPOINT] / window.saves
+        step_s = (sum(window.seconds) - window.seconds[CHECKPOINT]) / window.timed_steps
         return self.pacer.propose(self.snapshot_every, pause_s, stats.last_snapshot_seconds, step_s)
 
     def _apply_interval(self, interval: int) -> None:
@@ -770,21 +756,6 @@ def peak_memory_bytes(device: torch.device) -> int:
         return torch.cuda.max_memory_allocated(device)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
-
-
-def step_split_ms(
-    elapsed: float, data_wait: float, compute: float, communication: float, checkpoint: float, steps: int
-) -> dict[str, float]:
-    """Milliseconds per step: the training step, and its parts averaged over ranks, with
-    checkpoint snapshots spread over the window's steps."""
-    per_step = {
-        "step_ms": elapsed,
-        "data_ms": data_wait,
-        "compute_ms": compute,
-        "communication_ms": communication,
-        "checkpoint_ms": checkpoint,
-    }
-    return {name: round(1000 * seconds / steps, 4) for name, seconds in per_step.items()}
 
 
 def _plural(count: int, singular: str, plural: str | None = None) -> str:

@@ -23,10 +23,31 @@ from trainer.checkpoint import CheckpointStats
 from trainer.config import MetricsConfig
 from trainer.distributed import DistContext
 from trainer.log import event
+from trainer.timing import PARTS, StepSeconds
 
 RANK_LABELS = ("rank", "local_rank", "node_rank")
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 FLUSH_SECONDS = 1.0
+# a counter per part of the step (trainer/timing.py), device time on CUDA
+PART_COUNTERS = {
+    "data": ("ddp_train_data_wait_seconds_total", "Time this rank's steps waited for batches."),
+    "compute": (
+        "ddp_train_compute_seconds_total",
+        "Time this rank spent computing (forward, backward, optimizer), less its wait for gradients.",
+    ),
+    "communication": (
+        "ddp_train_communication_seconds_total",
+        "Time this rank waited for the gradient all-reduce after its own backward, peers included.",
+    ),
+    "checkpoint": (
+        "ddp_train_checkpoint_seconds_total",
+        "Time training paused for checkpoints and snapshots.",
+    ),
+    "logging": (
+        "ddp_train_logging_seconds_total",
+        "Loop bookkeeping between steps: progress gathering, metrics, stop checks.",
+    ),
+}
 # bf16 dense peak FLOP/s per device, as peers quote them (FACTS.md); matched by substring
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
 
@@ -45,26 +66,15 @@ class StepBatch:
     steps: int = 0
     samples: int = 0
     tokens: int = 0
-    data_wait: float = 0.0
-    compute: float = 0.0
-    communication: float = 0.0
+    part_seconds: list[float] = field(default_factory=lambda: [0.0] * len(PARTS))
     step_seconds: list[float] = field(default_factory=list)
 
 
 class Metrics:
     """The no-op recorder (metrics.port=0): the loop calls the same methods either way."""
 
-    def step(
-        self,
-        *,
-        samples: int,
-        tokens: int,
-        seconds: float,
-        data_wait: float,
-        compute: float,
-        communication: float,
-    ) -> None:
-        """One optimizer step on this rank."""
+    def step(self, seconds: StepSeconds, *, samples: int, tokens: int) -> None:
+        """One optimizer step on this rank: its seconds in each part (`timing.PARTS`)."""
 
     def progress(self, values: dict[str, float | None]) -> None:
         """Gauges that change at progress logs (loss, lr, throughput, MFU, stragglers)."""
@@ -109,17 +119,12 @@ class PrometheusMetrics(Metrics):
         self.samples = counter("ddp_train_samples_total", "Samples this rank has trained on.")
         self.tokens = counter("ddp_train_tokens_total", "Tokens this rank has trained on.")
         self.steps = counter("ddp_train_steps_total", "Optimizer steps this rank has taken.")
-        self.data_wait = counter("ddp_train_data_wait_seconds_total", "Time this rank waited for batches.")
-        self.compute = counter(
-            "ddp_train_compute_seconds_total",
-            "Time this rank spent computing (forward, backward, optimizer), less its wait for gradients.",
-        )
-        self.communication = counter(
-            "ddp_train_communication_seconds_total",
-            "Time this rank waited for the gradient all-reduce after its own backward, peers included.",
-        )
+        self.part_counters = [counter(*PART_COUNTERS[part]) for part in PARTS]
         self.step_seconds = Histogram(
-            "ddp_train_step_seconds", "Wall time of one optimizer step.", RANK_LABELS, buckets=STEP_BUCKETS
+            "ddp_train_step_seconds",
+            "Time of one optimizer step, with the bookkeeping and checkpoint pause before it.",
+            RANK_LABELS,
+            buckets=STEP_BUCKETS,
         ).labels(**labels)
         self.gauges = {
             "loss": gauge("ddp_train_loss", "Mean training loss over ranks since the last log."),
@@ -179,24 +184,14 @@ class PrometheusMetrics(Metrics):
         info = gauge("ddp_run_info", "The run's identity; the value is always 1.", tuple(sorted(run_info)))
         info.labels(**labels, **run_info).set(1)
 
-    def step(
-        self,
-        *,
-        samples: int,
-        tokens: int,
-        seconds: float,
-        data_wait: float,
-        compute: float,
-        communication: float,
-    ) -> None:
+    def step(self, seconds: StepSeconds, *, samples: int, tokens: int) -> None:
         batch = self._batch
         batch.steps += 1
         batch.samples += samples
         batch.tokens += tokens
-        batch.data_wait += data_wait
-        batch.compute += compute
-        batch.communication += communication
-        batch.step_seconds.append(seconds)
+        for part, spent in enumerate(seconds):
+            batch.part_seconds[part] += spent
+        batch.step_seconds.append(sum(seconds))
         if time.monotonic() - self._flushed_at >= FLUSH_SECONDS:
             self.flush()
 
@@ -208,9 +203,8 @@ class PrometheusMetrics(Metrics):
             self.steps.inc(batch.steps)
             self.samples.inc(batch.samples)
             self.tokens.inc(batch.tokens)
-            self.data_wait.inc(batch.data_wait)
-            self.compute.inc(batch.compute)
-            self.communication.inc(batch.communication)
+            for counter, spent in zip(self.part_counters, batch.part_seconds, strict=True):
+                counter.inc(spent)
             for seconds in batch.step_seconds:
                 self.step_seconds.observe(seconds)
         if self._device.type == "cuda":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -11,6 +10,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.objective import training_loss
+from trainer.timing import COMMUNICATION, COMPUTE, StepClock
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -25,12 +25,11 @@ def autocast_for(device: torch.device, amp: str) -> AbstractContextManager:
 
 @dataclass(frozen=True)
 class StepResult:
-    """This rank's mean loss over the step's micro-batches, the pre-clip gradient norm, and
-    perf_counter() when the last backward returned (its gradients all-reduced)."""
+    """This rank's mean loss over the step's micro-batches and the pre-clip gradient norm,
+    both still on the device."""
 
     loss: torch.Tensor
     grad_norm: torch.Tensor | None
-    synced_at: float
 
 
 def train_step(
@@ -41,12 +40,14 @@ def train_step(
     *,
     amp: str,
     clip_grad_norm: float,
+    clock: StepClock,
 ) -> StepResult:
     """Accumulate gradients over the micro-batches and take one optimizer step.
 
     All but the last micro-batch run forward and backward inside `no_sync()`, so gradients
     are all-reduced once per step; each loss is divided by k so the sum equals the mean of a
-    k-times-larger batch."""
+    k-times-larger batch. The clock's `communication` lap falls when the last backward returns
+    with the gradients all-reduced, its `compute` lap when the optimizer step is queued."""
     device = next(model.parameters()).device
     count = len(micro_batches)
     total: torch.Tensor | None = None
@@ -61,7 +62,7 @@ def train_step(
                     loss = loss / count
             scaler.scale(loss).backward()
         total = loss.detach() if total is None else total + loss.detach()
-    synced_at = time.perf_counter()
+    clock.lap(COMMUNICATION)
     grad_norm = None
     if clip_grad_norm > 0:
         scaler.unscale_(optimizer)
@@ -69,4 +70,5 @@ def train_step(
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(total, grad_norm, synced_at)
+    clock.lap(COMPUTE)
+    return StepResult(total, grad_norm)

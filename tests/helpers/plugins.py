@@ -1,7 +1,8 @@
 """Plug-ins the trainer loads by import path in tests (`data.name=plugins:slow_digits`).
 
 They wrap the real digits data: one slows reading down so a test can kill a worker
-mid-run, one records which sample indices each rank reads."""
+mid-run, one records which sample indices each rank reads; a model can make one rank a
+straggler."""
 
 from __future__ import annotations
 
@@ -60,3 +61,21 @@ def linear_model(config: ModelConfig, spec: DataSpec) -> nn.Module:
 
 def not_splits(config: DataConfig, seed: int) -> list:
     return [1, 2, 3]
+
+
+class SlowOnOneRank(nn.Module):
+    """The linear model, with `delay_s` of extra work per forward on rank `rank` alone."""
+
+    def __init__(self, inner: nn.Module, rank: int, delay_s: float) -> None:
+        super().__init__()
+        self.inner = inner
+        self.delay_s = delay_s if int(os.environ.get("RANK", "0")) == rank else 0.0
+
+    def forward(self, inputs):
+        time.sleep(self.delay_s)
+        return self.inner(inputs)
+
+
+def straggler_model(config: ModelConfig, spec: DataSpec) -> nn.Module:
+    options = config.options
+    return SlowOnOneRank(linear_model(config, spec), int(options["rank"]), float(options["delay_s"]))

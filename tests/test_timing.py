@@ -1,0 +1,115 @@
+"""The step split: laps that tile a step on the host clock (and on CUDA events where there is
+a GPU), the hook that marks the end of a rank's own backward, and the cross-rank accounting
+behind a progress line's split and straggler."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from trainer.step_split import StepSplit
+from trainer.timing import (
+    CHECKPOINT,
+    COMMUNICATION,
+    COMPUTE,
+    DATA,
+    LOGGING,
+    PARTS,
+    CudaClock,
+    HostClock,
+    lap_when_backward_ends,
+    lapped,
+)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_host_laps_tile_each_step_and_leave_validation_out():
+    clock = HostClock()
+    began = time.perf_counter()
+    for _ in range(2):
+        clock.lap(LOGGING)
+        time.sleep(0.02)
+        clock.lap(DATA)
+        time.sleep(0.03)
+        clock.lap(COMPUTE)
+        clock.end_step()
+        with lapped(clock, None):  # validation: no step's time
+            time.sleep(0.05)
+        with lapped(clock, CHECKPOINT):
+            time.sleep(0.01)
+    clock.lap(LOGGING)
+    clock.end_step()
+    wall = time.perf_counter() - began
+    first, second, last = clock.resolved()
+    assert clock.resolved() == []  # each step once
+    assert first[DATA] == pytest.approx(0.02, abs=0.01) and first[COMPUTE] == pytest.approx(0.03, abs=0.01)
+    assert second[CHECKPOINT] == pytest.approx(0.01, abs=0.008) and first[CHECKPOINT] == 0
+    assert sum(map(sum, (first, second, last))) == pytest.approx(wall - 0.1, abs=0.02)
+
+
+def test_the_hook_marks_the_end_of_backward_and_the_wait_after_it_is_communication():
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
+    clock = HostClock()
+    lap_when_backward_ends(model, clock)
+    clock.lap(DATA)
+    started = time.perf_counter()
+    model(torch.randn(512, 64)).sum().backward()
+    backward = time.perf_counter() - started
+    time.sleep(0.04)  # a peer still busy: the all-reduce would wait here
+    clock.lap(COMMUNICATION)
+    clock.end_step()
+    (step,) = clock.resolved()
+    assert 0 < step[COMPUTE] <= backward + 1e-3
+    assert step[COMMUNICATION] == pytest.approx(0.04, abs=0.015)
+
+
+def test_split_is_the_mean_of_each_ranks_own_steps_and_names_the_straggler():
+    # rows: [timed steps, data, compute, communication, checkpoint, logging] in seconds
+    table = torch.tensor(
+        [
+            [10, 0.10, 1.00, 0.50, 0.02, 0.01],  # waits for rank 2 in the all-reduce
+            [0, 0.00, 0.00, 0.00, 0.00, 0.00],  # its GPU ran behind: nothing timed yet
+            [8, 0.08, 1.20, 0.00, 0.016, 0.008],  # the straggler: more of its own work per step
+            [10, 0.10, 1.00, 0.50, 0.02, 0.01],
+        ],
+        dtype=torch.float64,
+    )
+    split = StepSplit.of(table)
+    per_step = [(0.01 + 0.01 + 0.01) / 3, (0.1 + 0.15 + 0.1) / 3, (0.05 + 0 + 0.05) / 3, 0.002, 0.001]
+    assert split.seconds == pytest.approx(per_step)
+    assert split.slowest_rank == 2
+    assert split.straggler_lag == pytest.approx(0.16 / 0.11 - 1)
+    ms = split.milliseconds()
+    assert ms["step_ms"] == pytest.approx(sum(ms[f"{part}_ms"] for part in PARTS), abs=1e-3)
+    assert split.data_share == pytest.approx(per_step[DATA] / sum(per_step))
+
+
+def test_split_of_a_window_nobody_timed_is_empty():
+    split = StepSplit.of(torch.zeros(2, 1 + len(PARTS), dtype=torch.float64))
+    assert split.step_seconds == 0 and split.data_share == 0 and split.slowest_rank == 0
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_laps_are_device_time_read_without_waiting():
+    """The GPU's own timeline: a lap recorded while the GPU is still busy is read only once
+    it has passed, and the parts tile the device time between the first and last lap."""
+    a = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    clock = CudaClock()
+    clock.lap(LOGGING)
+    time.sleep(0.05)  # the host is late with data: the GPU idles
+    clock.lap(DATA)
+    for _ in range(20):
+        a = a @ a / a.norm()
+    clock.lap(COMPUTE)
+    clock.end_step()
+    assert clock.resolved() == []  # the matmuls are still running: nothing to read yet
+    (step,) = clock.resolved(wait=True)
+    assert step[DATA] == pytest.approx(0.05, abs=0.02)
+    assert step[COMPUTE] > 0.001
+    assert clock.resolved(wait=True) == []
