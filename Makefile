@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 # trials under --standalone hung or failed to connect (shared/reference/FACTS.md)
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE := 1
 
-.PHONY: demo test test-quick lint clean
+.PHONY: demo test test-quick gpu-check lint clean
 
 $(INSTALLED): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ test: $(INSTALLED) lint
 ## test-quick: everything but the multi-process runs marked slow
 test-quick: $(INSTALLED) lint
 	$(BIN)/pytest -m "not slow"
+
+## gpu-check: on a machine with GPUs, the gpu tests, 1-GPU and all-GPU nccl/bf16 runs, bench_gpu
+## and a report; without CUDA, the CPU part and a line saying so
+gpu-check: $(INSTALLED)
+	$(BIN)/python -m operator_scripts.gpu_check
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -89,6 +89,14 @@ def figures(start: dict, steady: list[dict]) -> GpuFigures:
     )
 
 
+def measure(nproc: int, steps: int, *, reduced: bool = False, peak_tflops: float | None = None) -> GpuFigures:
+    """Train the benchmark model (or the reduced one on CPUs) for `steps` and summarise it."""
+    overrides = [*(REDUCED if reduced else FULL), *COMMON, f"train.max_steps={steps}"]
+    if peak_tflops:
+        overrides.append(f"metrics.peak_flops_per_device={peak_tflops * 1e12:g}")
+    return figures(*trainer_records(nproc, overrides, log_every=max(1, steps // 10), config="tokens"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -99,12 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peak-tflops", type=float, help="peak dense bf16 TFLOP/s of one device")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args(argv)
-    nproc = 2 if args.reduced else args.gpus
-    every = max(1, args.steps // 10)
-    overrides = [*(REDUCED if args.reduced else FULL), *COMMON, f"train.max_steps={args.steps}"]
-    if args.peak_tflops:
-        overrides.append(f"metrics.peak_flops_per_device={args.peak_tflops * 1e12:g}")
-    result = figures(*trainer_records(nproc, overrides, log_every=every, config="tokens"))
+    result = measure(
+        2 if args.reduced else args.gpus, args.steps, reduced=args.reduced, peak_tflops=args.peak_tflops
+    )
     if args.json:
         print(json.dumps({**result.__dict__, "tokens_per_second": result.tokens_per_second}))
     else:

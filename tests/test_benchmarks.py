@@ -9,6 +9,7 @@ import pytest
 from conftest import REPO, process_env
 
 from operator_scripts.bench_gpu import GpuFigures
+from operator_scripts.gpu_check import split_problems
 
 
 def run_benchmark(module: str, *args: str, timeout: float = 300) -> str:
@@ -43,6 +44,7 @@ def test_snapshot_benchmark_prints_each_interval_against_none():
     assert re.search(r"^  every +7 steps: .* of step time, [\d.]+ ms per snapshot$", out, re.MULTILINE), out
 
 
+@pytest.mark.slow
 def test_throughput_benchmark_compares_ours_with_the_bare_loop_and_lightning():
     """Lightning is in the dev extra, so all three contenders run (one round each)."""
     out = run_benchmark("bench_throughput", "--nproc", "1", "--repeats", "1", "--set", "train.epochs=4")
@@ -71,6 +73,7 @@ def test_scaling_benchmark_prints_speedups_and_predictions_and_draws_both_plots(
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+@pytest.mark.slow
 def test_gpu_benchmark_reduced_mode_reports_tokens_mfu_and_memory():
     peak_tflops = 0.05
     out = run_benchmark(
@@ -82,3 +85,38 @@ def test_gpu_benchmark_reduced_mode_reports_tokens_mfu_and_memory():
     assert 0 < result["mfu"] < 1 and 50 < result["peak_memory_mb"] < 8192
     lines = GpuFigures(**{k: v for k, v in result.items() if k != "tokens_per_second"}).lines()
     assert lines[0] == "device: cpu x 2, bf16 autocast" and lines[3] == f"MFU: {result['mfu']:.1%}"
+
+
+def progress_record(step: int, **ms: float) -> dict:
+    parts = {
+        "data_ms": 1.0,
+        "compute_ms": 10.0,
+        "communication_ms": 2.0,
+        "checkpoint_ms": 0.0,
+        "logging_ms": 0.5,
+    }
+    parts.update(ms)
+    return {"step": step, "step_ms": sum(parts.values()), **parts}
+
+
+def test_gpu_check_flags_a_split_that_does_not_add_up_or_shows_no_communication():
+    good = progress_record(10)
+    assert split_problems([good], world_size=2) == []
+    unbalanced = {**progress_record(20), "step_ms": 20.0}
+    silent = progress_record(30, communication_ms=0.0)
+    problems = split_problems([good, unbalanced, silent], world_size=2)
+    assert problems == [
+        "step 20: parts 13.500 ms, step 20.000 ms",
+        "step 30: no communication time at 2 ranks",
+    ]
+    assert split_problems([silent], world_size=1) == []  # one GPU has nothing to communicate
+
+
+@pytest.mark.slow
+def test_gpu_check_on_a_cpu_only_host_runs_the_cpu_part_and_exits_0():
+    out = run_benchmark("gpu_check", "--steps", "40")
+    assert re.search(r"^ok   pytest -m 'not slow' tests/test_timing.py: \d+ passed", out, re.MULTILINE), out
+    assert re.search(
+        r"^ok   2 x cpu \(gloo, bf16\): .* ms per step [\d.]+ = data [\d.]+, compute", out, re.MULTILINE
+    )
+    assert "no CUDA device here: ran the CPU part" in out and "FAIL" not in out

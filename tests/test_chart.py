@@ -70,6 +70,42 @@ def test_cpu_mode():
     assert "nvidia.com/gpu" not in json.dumps(resources)
 
 
+def nccl_env(job: dict) -> dict[str, str]:
+    container = trainer_container(pod_templates(job)["Worker"])
+    return {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("NCCL_")}
+
+
+def test_nccl_takes_sockets_by_default_and_rdma_when_asked():
+    sockets = render(merge_values(sets=["gpus=16"])).one("PyTorchJob")
+    assert nccl_env(sockets) == {"NCCL_DEBUG": "WARN", "NCCL_IB_DISABLE": "1"}
+    rdma = scenario(CHART_DIR / "ci" / "rdma-values.yaml").one("PyTorchJob")
+    assert nccl_env(rdma) == {
+        "NCCL_DEBUG": "WARN",
+        "NCCL_SOCKET_IFNAME": "=eth0",
+        "NCCL_IB_HCA": "mlx5",
+        "NCCL_NET_GDR_LEVEL": "PHB",
+    }
+    limits = trainer_container(pod_templates(rdma)["Worker"])["resources"]["limits"]
+    assert limits["rdma/rdma_shared_device_a"] == "1" and limits["nvidia.com/gpu"] == "8"
+    overridden = render(merge_values(sets=["gpus=8", "nccl.env.NCCL_IB_DISABLE=0", "nccl.debug=INFO"]))
+    assert nccl_env(overridden.one("PyTorchJob")) == {"NCCL_DEBUG": "INFO", "NCCL_IB_DISABLE": "0"}
+    cpu = render(merge_values(sets=["gpus=0"])).one("PyTorchJob")
+    assert nccl_env(cpu) == {}
+
+
+@pytest.mark.parametrize(
+    ("sets", "named"),
+    [
+        (["nccl.rdma.gdrLevel=FAR"], "gdrLevel"),
+        (["nccl.env.IB_HCA=mlx5"], "IB_HCA"),
+        (["nccl.debug=LOUD"], "debug"),
+    ],
+)
+def test_bad_nccl_values_are_refused_at_render(sets, named):
+    with pytest.raises(HelmError, match=named):
+        render(merge_values(sets=sets))
+
+
 def test_fixed_mode_has_one_master_and_the_rest_workers():
     job = scenario(CHART_DIR / "ci" / "fixed-mode-values.yaml").one("PyTorchJob")
     specs = job["spec"]["pytorchReplicaSpecs"]

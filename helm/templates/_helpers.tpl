@@ -133,3 +133,21 @@ training state when snapshots are on. */}}
 -}}
 {{- mergeOverwrite (deepCopy .Values.trainer.config) $managed | toYaml -}}
 {{- end -}}
+
+{{/* NCCL's variables for GPU pods (values.yaml `nccl`), sorted by name; `nccl.env` wins. */}}
+{{- define "ddp.ncclEnv" -}}
+{{- $n := .Values.nccl -}}
+{{- $vars := dict "NCCL_DEBUG" $n.debug -}}
+{{- with $n.socketIfname }}{{ $_ := set $vars "NCCL_SOCKET_IFNAME" . }}{{ end }}
+{{- if $n.rdma.enabled }}
+{{- with $n.rdma.hca }}{{ $_ := set $vars "NCCL_IB_HCA" . }}{{ end }}
+{{- with $n.rdma.gdrLevel }}{{ $_ := set $vars "NCCL_NET_GDR_LEVEL" . }}{{ end }}
+{{- else }}
+{{- $_ := set $vars "NCCL_IB_DISABLE" "1" }}
+{{- end }}
+{{- range $name, $value := $n.env }}{{ $_ := set $vars $name (toString $value) }}{{ end }}
+{{- range $name, $value := $vars }}
+- name: {{ $name }}
+  value: {{ $value | quote }}
+{{- end }}
+{{- end -}}

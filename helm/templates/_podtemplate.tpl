@@ -98,6 +98,9 @@ spec:
               name: {{ $s3.existingSecret }}
               key: {{ $s3.secretAccessKeyKey }}
         {{- end }}
+        {{- if gt (int $t.gpusPerPod) 0 }}
+        {{- include "ddp.ncclEnv" . | nindent 8 }}
+        {{- end }}
         {{- with .Values.trainer.extraEnv }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -105,6 +108,9 @@ spec:
         {{- $resources := deepCopy .Values.resources }}
         {{- if gt (int $t.gpusPerPod) 0 }}
         {{- $limits := merge (dict "nvidia.com/gpu" (toString $t.gpusPerPod)) (default dict $resources.limits) }}
+        {{- if .Values.nccl.rdma.enabled }}
+        {{- $_ := set $limits .Values.nccl.rdma.resourceName (toString .Values.nccl.rdma.count) }}
+        {{- end }}
         {{- $_ := set $resources "limits" $limits }}
         {{- end }}
         {{- toYaml $resources | nindent 8 }}

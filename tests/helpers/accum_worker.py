@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.distributed import process_group, read_env
 from trainer.step import train_step
+from trainer.timing import HostClock
 
 MICRO_STEPS, MICRO_BATCH = 4, 8
 
@@ -34,7 +35,7 @@ def counted(model: nn.Module) -> tuple[DistributedDataParallel, list[int]]:
 def step(model: DistributedDataParallel, batches) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    train_step(model, batches, optimizer, scaler, amp="off", clip_grad_norm=1.0)
+    train_step(model, batches, optimizer, scaler, amp="off", clip_grad_norm=1.0, clock=HostClock())
 
 
 def compare() -> dict[str, float]:

@@ -1,0 +1,118 @@
+"""One command that proves the trainer on a machine with GPUs, and a short report.
+
+    make gpu-check          # or: python -m operator_scripts.gpu_check [--steps 60]
+
+With CUDA: the `gpu` tests; a 1-GPU and an all-GPU DDP run (nccl, bf16, the bundled
+`tokens` transformer, node-local snapshots on); `bench_gpu` on all GPUs for tokens/s, MFU
+and peak memory; and checks on the runs' progress lines: the step split's parts add up to
+the step, compute is non-zero, and at 2 or more GPUs communication is too (device time from
+CUDA events: with host timestamps it read about 0). Exit 1 if anything failed.
+
+Without CUDA it runs the CPU part (the timing tests, and the same split checks on a
+2-process CPU run), says that the GPU part needs a GPU, and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from operator_scripts import bench_gpu
+from operator_scripts.benchrun import trainer_records
+from trainer.timing import PARTS
+
+RUN = ["train.amp=bf16", "train.epochs=1000", "checkpoint.every_steps=0", "metrics.port=0"]
+SPLIT_TOLERANCE = 0.01  # the parts are rounded to 0.1 us each
+
+
+@dataclass
+class Report:
+    """Lines to print at the end, and whether every check held."""
+
+    lines: list[str] = field(default_factory=list)
+    failed: bool = False
+
+    def add(self, ok: bool, line: str) -> None:
+        self.lines.append(f"{'ok  ' if ok else 'FAIL'} {line}")
+        self.failed |= not ok
+
+
+def split_problems(records: list[dict], world_size: int) -> list[str]:
+    """What is wrong with progress lines' step splits: parts that do not add up to the step,
+    no compute, or (at 2 or more ranks) no communication."""
+    problems = []
+    for record in records:
+        parts = sum(record[f"{name}_ms"] for name in PARTS)
+        if abs(parts - record["step_ms"]) > SPLIT_TOLERANCE * record["step_ms"]:
+            problems.append(f"step {record['step']}: parts {parts:.3f} ms, step {record['step_ms']:.3f} ms")
+        if record["compute_ms"] <= 0:
+            problems.append(f"step {record['step']}: no compute time")
+        if world_size >= 2 and record["communication_ms"] <= 0:
+            problems.append(f"step {record['step']}: no communication time at {world_size} ranks")
+    return problems
+
+
+def check_run(report: Report, nproc: int, device: str, steps: int) -> None:
+    """A DDP run of the tokens transformer, and its step split checked."""
+    overrides = [*RUN, f"train.device={device}", f"train.max_steps={steps}"]
+    try:
+        start, records = trainer_records(nproc, overrides, log_every=10, config="tokens")
+    except RuntimeError as error:
+        report.add(False, f"{nproc}-process {device} run failed: {str(error).strip().splitlines()[-1]}")
+        return
+    if not records:
+        report.add(False, f"{nproc}-process {device} run: no progress lines after warm-up")
+        return
+    problems = split_problems(records, start["world_size"])
+    last = records[-1]
+    split = ", ".join(f"{name} {last[f'{name}_ms']:.2f}" for name in PARTS)
+    report.add(
+        not problems,
+        f"{nproc} x {start['device_name']} ({start['backend']}, {start['amp']}): "
+        f"{last['samples_per_second']:,.0f} samples/s; ms per step {last['step_ms']:.2f} = {split}"
+        + (f"; {problems[0]}" if problems else ""),
+    )
+
+
+def run_tests(report: Report, marker: str, paths: list[str]) -> None:
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker, *paths]
+    completed = subprocess.run(command, capture_output=True, text=True)
+    summary = (completed.stdout.strip().splitlines() or ["no output"])[-1]
+    report.add(completed.returncode == 0, f"pytest -m '{marker}' {' '.join(paths)}: {summary}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=60, help="steps of each run (default 60)")
+    args = parser.parse_args(argv)
+    report = Report()
+    if not torch.cuda.is_available():
+        run_tests(report, "not slow", ["tests/test_timing.py"])
+        check_run(report, 2, "cpu", args.steps)
+        print("\n".join(report.lines))
+        print("no CUDA device here: ran the CPU part; the gpu tests, the nccl runs and bench_gpu need a GPU")
+        return int(report.failed)
+    gpus = torch.cuda.device_count()
+    run_tests(report, "gpu", ["tests"])
+    for nproc in sorted({1, gpus}):
+        check_run(report, nproc, "cuda", args.steps)
+    try:
+        figures = bench_gpu.measure(gpus, args.steps)
+    except (RuntimeError, ValueError) as error:
+        report.add(False, f"bench_gpu failed: {str(error).strip().splitlines()[-1]}")
+    else:
+        report.add(True, "bench_gpu: " + "; ".join(figures.lines()))
+    print(f"gpu-check on {gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+          f"CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")  # fmt: skip
+    print("\n".join(report.lines))
+    return int(report.failed)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
