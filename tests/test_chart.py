@@ -58,7 +58,8 @@ def test_gpu_math(gpus, pods, procs):
     limits = trainer_container(pod_templates(job)["Worker"])["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == str(procs)
     assert f"world size {pods * procs}" in rendered.notes
-    assert f"x {pods * procs} ranks x 1 accumulation = {32 * pods * procs}" in rendered.notes
+    ranks = f"{pods * procs} rank" + ("s" if pods * procs > 1 else "")
+    assert f"x {ranks} x 1 accumulation = {32 * pods * procs}" in rendered.notes
 
 
 def test_cpu_mode():

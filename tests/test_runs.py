@@ -79,7 +79,7 @@ def test_python_m_trainer_runs_as_a_world_of_one(workdir):
     completed = run_trainer([*QUICK, "--set", "train.max_steps=12"], workdir)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "world size 1 (1 node x 1 process)" in completed.stdout
-    assert "32 per rank x 1 ranks x 1 accumulation = 32" in completed.stdout
+    assert "32 per rank x 1 rank x 1 accumulation = 32" in completed.stdout
     assert load_checkpoint(workdir / "checkpoints" / "digits")["progress"]["step"] == 12
 
 

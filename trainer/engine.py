@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import resource
 import subprocess
 import sys
 import time
@@ -26,20 +23,18 @@ from trainer.data import DataSplits, eval_loader, train_loader
 from trainer.distributed import DistContext, broadcast_flag, broadcast_object
 from trainer.early_stopping import EarlyStopping
 from trainer.evaluate import evaluate
-from trainer.log import event
+from trainer.log import event, plural
 from trainer.metrics import Metrics, peak_flops
 from trainer.optim import LRSchedule, apply_hyperparameters, batch_math, build_optimizer
 from trainer.preemption import Stopped, StopSignal
+from trainer.progress import ProgressLog, RunShape, Window, summary_line
 from trainer.recovery import ResumePoint, recover
 from trainer.resume import config_changes
 from trainer.step import autocast_for, train_step
-from trainer.step_split import StepSplit
 from trainer.timing import (
     CHECKPOINT,
     DATA,
     LOGGING,
-    PARTS,
-    StepSeconds,
     clock_for,
     lap_when_backward_ends,
     lapped,
@@ -57,51 +52,6 @@ class Progress:
     epoch_position: int = 0
     stopped_early: bool = False
     samples: int = 0
-
-
-class Window:
-    """What a progress line covers: the steps since the last line with their summed loss,
-    and the time of the steps the clock has resolved meanwhile, per part (on CUDA those the
-    GPU has finished, so a line's split may trail its loss by a step or two). It runs across
-    epoch boundaries, so every line covers the same number of steps."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.steps = 0
-        self.loss_sum: torch.Tensor | None = None
-        self.timed_steps = 0
-        self.saves = 0
-        self.seconds = [0.0] * len(PARTS)
-
-    def add(self, loss: torch.Tensor) -> None:
-        self.steps += 1
-        self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
-
-    def add_times(self, seconds: StepSeconds) -> None:
-        self.timed_steps += 1
-        self.saves += seconds[CHECKPOINT] > 0
-        for part, spent in enumerate(seconds):
-            self.seconds[part] += spent
-
-    def timings(self) -> list[float]:
-        """This rank's timed steps and their seconds per part, gathered beside its loss."""
-        return [self.timed_steps, *self.seconds]
-
-
-@dataclass
-class PendingProgress:
-    """A progress line whose numbers are still being gathered from every rank, with what
-    rank 0 knew when its window closed."""
-
-    work: dist.Work
-    gathered: list[torch.Tensor]
-    step: int
-    epoch: int
-    steps: int
-    lr: float
-    grad_norm: torch.Tensor | None
 
 
 class Trainer:
@@ -173,10 +123,17 @@ class Trainer:
         self.model: DistributedDataParallel | None = None
         self.clock = clock_for(device)
         self.grad_norm: torch.Tensor | None = None
-        self.pending_progress: PendingProgress | None = None
         self.flops_per_sample: float | None = getattr(module, "flops_per_sample", None)
         self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         self.peak_flops = peak_flops(config.metrics, self.device_name)
+        shape = RunShape(
+            self.math.global_batch,
+            config.train.epochs,
+            self.flops_per_sample,
+            self.peak_flops,
+            config.metrics.history_file,
+        )
+        self.progress_log = ProgressLog(context, device, logger, metrics, shape)
 
     # ----- lifecycle -------------------------------------------------------------------
 
@@ -239,7 +196,7 @@ class Trainer:
             "wall_seconds": round(time.perf_counter() - started, 3),
             "checkpoint": self._newest_checkpoint(),
         }
-        event(self.log, "summary", _summary_line(summary), **summary)
+        event(self.log, "summary", summary_line(summary), **summary)
         return summary
 
     def _newest_checkpoint(self) -> str | None:
@@ -274,8 +231,8 @@ class Trainer:
             "checkpoint_uri": self.checkpointer.store.uri,
             "resumed_from_step": self.resumed_from,
         }
-        nodes = _plural(ctx.num_nodes, "node")
-        procs = _plural(ctx.local_world_size, "process", "processes")
+        nodes = plural(ctx.num_nodes, "node")
+        procs = plural(ctx.local_world_size, "process", "processes")
         event(
             self.log,
             "start",
@@ -450,83 +407,28 @@ class Trainer:
         )
 
     def _gather_progress(self, window: Window) -> None:
-        """Start gathering every rank's loss and step split for a progress line; the next
-        step runs while the gather travels, and `_report_progress` reads it afterwards. At
-        the last step every step's time is waited for, so the last line covers them all."""
+        """Start gathering this window's progress line. At the last step every step's time
+        is waited for, so the last line covers them all."""
         self._account(window, wait=self.progress.step == self.total_steps)
-        row = [*window.timings(), self._proposed_interval(window)]
-        local = torch.cat(
-            [window.loss_sum.double().reshape(1), torch.tensor(row, dtype=torch.float64).to(self.device)]
-        )
-        gathered = [torch.empty_like(local) for _ in range(self.context.world_size)]
-        self.pending_progress = PendingProgress(
-            work=dist.all_gather(gathered, local, async_op=True),
-            gathered=gathered,
+        self.progress_log.gather(
+            window,
             step=self.progress.step,
             epoch=self.progress.epoch + 1,
-            steps=window.steps,
+            total_steps=self.total_steps,
             lr=self.lr,
             grad_norm=self.grad_norm,
+            proposal=self._proposed_interval(window),
         )
-        window.reset()
 
     def _report_progress(self) -> None:
-        """Rank 0 logs and exports the gathered progress line, if one is on its way."""
-        pending, self.pending_progress = self.pending_progress, None
-        if pending is None:
+        """Read the gathered progress line, if one is on its way: rank 0 logs and exports
+        it, and every rank takes rank 0's snapshot interval."""
+        proposal = self.progress_log.read()
+        if proposal is None:
             return
-        pending.work.wait()
-        table = torch.stack(pending.gathered).cpu()
-        self._apply_interval(int(table[0, -1]))
-        if not self.context.is_main:
-            self.metrics.progress({"epoch": pending.epoch})
-            return
-        world = self.context.world_size
-        mean_loss = float(table[:, 0].sum()) / world / pending.steps
-        split = StepSplit.of(table[:, 1:-1])
-        rate = self.math.global_batch / split.step_seconds if split.step_seconds else 0.0
-        eta = (self.total_steps - pending.step) * split.step_seconds
-        mfu = None
-        if self.flops_per_sample and self.peak_flops:
-            mfu = self.flops_per_sample * rate / (self.peak_flops * world)
-        fields = {
-            "epoch": pending.epoch,
-            "epochs": self.config.train.epochs,
-            "step": pending.step,
-            "total_steps": self.total_steps,
-            "loss": round(mean_loss, 6),
-            "lr": pending.lr,
-            "samples_per_second": round(rate, 1),
-            "data_wait_share": round(split.data_share, 4),
-            "eta_seconds": round(eta, 1),
-            "mfu": None if mfu is None else round(mfu, 4),
-            "peak_memory_mb": round(peak_memory_bytes(self.device) / 2**20, 1),
-            **split.milliseconds(),
-            "straggler_lag": round(split.straggler_lag, 4),
-            "slowest_rank": split.slowest_rank,
-        }
-        event(
-            self.log,
-            "progress",
-            f"epoch {fields['epoch']}/{fields['epochs']} step {pending.step}/{self.total_steps} "
-            f"loss {mean_loss:.4f} lr {fields['lr']:.3e} {rate:,.0f} samples/s "
-            f"data wait {100 * fields['data_wait_share']:.1f}% eta {_duration(eta)}",
-            **fields,
-        )
-        self.metrics.checkpoints(self.writer.stats)
-        self.metrics.progress(
-            {
-                "loss": mean_loss,
-                "lr": pending.lr,
-                "grad_norm": None if pending.grad_norm is None else float(pending.grad_norm),
-                "epoch": pending.epoch,
-                "samples_per_second": rate,
-                "mfu": mfu,
-                "straggler_lag": split.straggler_lag,
-                "slowest_rank": split.slowest_rank,
-            }
-        )
-        self._append_history({**fields, "time": time.time()})
+        self._apply_interval(proposal)
+        if self.context.is_main:
+            self.metrics.checkpoints(self.writer.stats)
 
     def _proposed_interval(self, window: Window) -> int:
         """With snapshot_every_steps=auto, rank 0's choice of interval from this window's
@@ -557,12 +459,6 @@ class Trainer:
                 step_ms=step,
             )
         self.metrics.progress({"snapshot_every_steps": interval})
-
-    def _append_history(self, record: dict[str, Any]) -> None:
-        """Rank 0's progress as JSON lines, the run report's input (`metrics.history_file`)."""
-        if self.config.metrics.history_file:
-            with open(self.config.metrics.history_file, "a") as handle:
-                handle.write(json.dumps(record) + "\n")
 
     def _end_epoch(self) -> None:
         """Validate, let early stopping decide (rank 0's decision for all), move to the next epoch."""
@@ -748,41 +644,3 @@ def steps_per_epoch(train_samples: int, train: TrainConfig, world_size: int) -> 
             f"{global_batch} ({world_size} ranks x {train.grad_accum_steps} accumulation)",
         )
     return steps
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """Most memory this rank has held: CUDA tensors on a GPU, the process's peak RSS on a CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
-
-
-def _plural(count: int, singular: str, plural: str | None = None) -> str:
-    return f"{count} {singular if count == 1 else plural or singular + 's'}"
-
-
-def _duration(seconds: float) -> str:
-    """`4.2s` under a minute, else `m:ss` or `h:mm:ss`."""
-    if not math.isfinite(seconds):
-        return "?"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
-def _summary_line(summary: dict[str, Any]) -> str:
-    def pct(value: float | None) -> str:
-        return "n/a" if value is None else f"{100 * value:.2f}%"
-
-    def num(value: float | None) -> str:
-        return "n/a" if value is None else f"{value:.4f}"
-
-    return (
-        f"done: {summary['steps']} steps, {summary['epochs_completed']} epochs in "
-        f"{_duration(summary['wall_seconds'])}; val loss {num(summary['val_loss'])} "
-        f"accuracy {pct(summary['val_accuracy'])}; test loss {num(summary['test_loss'])} "
-        f"accuracy {pct(summary['test_accuracy'])}; checkpoint {summary['checkpoint']}"
-    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
 from typing import Any
@@ -74,3 +75,19 @@ def setup_logging(config: LogConfig, context: DistContext) -> logging.Logger:
 def event(logger: logging.Logger, name: str, message: str, **fields: Any) -> None:
     """Log an INFO event whose fields reach JSON output intact."""
     logger.info(message, extra={"event": name, "fields": fields})
+
+
+def plural(count: int, singular: str, plural_form: str | None = None) -> str:
+    """`1 node`, `2 nodes`, `2 processes`."""
+    return f"{count} {singular if count == 1 else plural_form or singular + 's'}"
+
+
+def duration(seconds: float) -> str:
+    """`4.2s` under a minute, else `m:ss` or `h:mm:ss`."""
+    if not math.isfinite(seconds):
+        return "?"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"

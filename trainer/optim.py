@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from trainer.config import OptimConfig, TrainConfig
+from trainer.log import plural
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class BatchMath:
         """`32 x 4 x 1 = 128` style, with the LR rule spelled out."""
         rule = {"none": "unscaled", "linear": "linear", "sqrt": "sqrt"}[self.lr_scaling]
         return (
-            f"global batch {self.per_rank} per rank x {self.world_size} ranks x "
+            f"global batch {self.per_rank} per rank x {plural(self.world_size, 'rank')} x "
             f"{self.grad_accum_steps} accumulation = {self.global_batch}; "
             f"lr {self.base_lr:g} at batch {self.reference_batch_size} -> {self.lr:.6g} ({rule})"
         )

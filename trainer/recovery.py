@@ -21,6 +21,7 @@ from trainer.checkpoint.shared_state import aligned_slots, join_tensors, split_t
 from trainer.checkpoint.snapshots import SnapshotDir
 from trainer.checkpoint.writer_process import writer_lock
 from trainer.distributed import DistContext, broadcast_object
+from trainer.log import plural
 from trainer.resume import bounded, load_everywhere
 
 
@@ -34,7 +35,7 @@ class ResumePoint:
     lost_steps: int | None  # the newest step any node completed, less `step`; None: unknown
 
     def describe(self) -> str:
-        lost = "steps lost unknown" if self.lost_steps is None else _steps(self.lost_steps) + " lost"
+        lost = "steps lost unknown" if self.lost_steps is None else plural(self.lost_steps, "step") + " lost"
         return f"resumed from step {self.step} ({self.origin}, {lost})"
 
 
@@ -121,7 +122,3 @@ def broadcast_state(state: dict[str, Any] | None, src: int, device: torch.device
         for (dtype, shape), slot in zip(layout, slots, strict=True)
     ]
     return join_tensors(skeleton, received)
-
-
-def _steps(count: int) -> str:
-    return f"{count} step" if count == 1 else f"{count} steps"
