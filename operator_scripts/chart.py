@@ -3,6 +3,7 @@ helm-python-sdk runs Helm's own engine in-process (schema check, templates, NOTE
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -10,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import TypeAdapter
 
 from operator_scripts import generated
+from trainer.config import Config, ConfigError, from_tree
 from trainer.overrides import deep_merge
 
 CHART_DIR = Path(__file__).resolve().parents[1] / "helm"
@@ -45,13 +48,32 @@ def merge_values(files: Sequence[Path] = (), sets: Sequence[str] = ()) -> dict[s
     return merged
 
 
+class ValuesError(ValueError):
+    """A chart value the trainer would refuse, said in the trainer's one line."""
+
+
+def check_trainer_config(values: dict[str, Any]) -> None:
+    """The trainer's own validation of `trainer.config` (the chart's defaults under
+    `values`), before Helm renders: a typo or an out-of-range value is the trainer's line,
+    did-you-mean included, and rules that JSON schema cannot say (one section's value
+    against another's) hold at install, not when a pod starts."""
+    defaults = yaml.safe_load(VALUES_FILE.read_text())["trainer"]["config"]
+    given = (values.get("trainer") or {}).get("config") or {}
+    try:
+        from_tree(deep_merge(defaults, given))
+    except ConfigError as error:
+        raise ValuesError(f"trainer.config.{error}") from None
+
+
 def render(
     values: dict[str, Any] | None = None, *, release: str = "ddp-run", namespace: str = "default"
 ) -> RenderedChart:
-    """Render the chart for `release` in `namespace`; raises helm_python.HelmError with
-    Helm's message for values the schema or a template refuses."""
+    """Render the chart for `release` in `namespace`; raises ValuesError for a trainer
+    setting the trainer refuses and helm_python.HelmError with Helm's message for values the
+    schema or a template refuses."""
     from helm_python import Chart, Config
 
+    check_trainer_config(values or {})
     chart = Chart.load(CHART_DIR)
     result = Config().install(chart, release, values or {}, namespace=namespace, dry_run="client")
     objects = [item for item in yaml.safe_load_all(result["manifest"]) if item]
@@ -65,6 +87,7 @@ K8S_BASE = ROOT / "k8s" / "base"
 K8S_REFERENCE = ROOT / "k8s" / "reference-values.yaml"
 K8S_RELEASE, K8S_NAMESPACE = "ddp-run", "training"
 README = CHART_DIR / "README.md"
+VALUES_FILE, SCHEMA_FILE = CHART_DIR / "values.yaml", CHART_DIR / "values.schema.json"
 TABLE_BEGIN, TABLE_END = "<!-- parameters:begin -->", "<!-- parameters:end -->"
 
 
@@ -121,6 +144,34 @@ def parameters_table() -> str:
     return "\n".join(["| key | description | default |", "| --- | --- | --- |", *rows])
 
 
+def trainer_config_schema() -> dict[str, Any]:
+    """The trainer's config as JSON schema, from its own pydantic models: sections inlined
+    (Helm's validators differ on `$defs`), pydantic's generated titles dropped."""
+    schema = TypeAdapter(Config).json_schema()
+    definitions = schema.pop("$defs")
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return inline(definitions[node["$ref"].rsplit("/", 1)[-1]])
+            return {key: inline(value) for key, value in node.items() if key != "title"}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    return inline(schema)
+
+
+def schema_files() -> dict[Path, str]:
+    """values.schema.json with `trainer.config` generated from the trainer's models."""
+    schema = json.loads(SCHEMA_FILE.read_text())
+    schema["properties"]["trainer"]["properties"]["config"] = {
+        **trainer_config_schema(),
+        "description": "The trainer's config tree (generated from trainer/config.py).",
+    }
+    return {SCHEMA_FILE: json.dumps(schema, indent=2) + "\n"}
+
+
 def docs_files() -> dict[Path, str]:
     text = README.read_text()
     before, _, rest = text.partition(TABLE_BEGIN)
@@ -131,9 +182,9 @@ def docs_files() -> dict[Path, str]:
 def main(argv: list[str] | None = None) -> int:
     return generated.main(
         argv,
-        lambda: {**k8s_base_files(), **docs_files()},
+        lambda: {**k8s_base_files(), **docs_files(), **schema_files()},
         module="operator_scripts.chart",
-        description="Regenerate or check k8s/base and the chart's parameters table.",
+        description="Regenerate or check k8s/base, the chart's parameters table and its trainer schema.",
         owned=lambda: sorted(K8S_BASE.glob("*.yaml")),
     )
 

@@ -1,16 +1,17 @@
 """`ddp-ops`: the operator's CLI for the chart's PyTorchJob.
 
 ddp-ops render  [-f VALUES] [--set K=V] [--release R] [-n NS]   manifests, as helm template
-ddp-ops submit  [-f VALUES] [--set K=V] [--release R] [-n NS] [--dry-run]
+ddp-ops submit  [-f VALUES] [--set K=V] [--release R] [-n NS] [--dry-run]   create or update, as apply
 ddp-ops status  JOB [-n NS]        conditions, replicas, restarts, age, rank 0's pod
 ddp-ops logs    JOB [-n NS] [-f]   rank 0's pytorch container
-ddp-ops delete  JOB [-n NS]
+ddp-ops delete  RELEASE [-n NS]    every object submit made for the release (its labels)
 ddp-ops local   [-f VALUES] [--set K=V] [--workdir DIR] [--delay POD=SECONDS]   run the rendered job here
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -18,13 +19,14 @@ from pathlib import Path
 
 import yaml
 
-from operator_scripts.chart import merge_values, render
+from operator_scripts.chart import ValuesError, merge_values, render
 from operator_scripts.cluster import Cluster, ClusterError, format_status
+from trainer.argparsing import OneLineParser, existing_file, positive_float
 
 
 def _chart_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "-f", "--values", action="append", default=[], type=Path, help="values file (repeatable)"
+        "-f", "--values", action="append", default=[], type=existing_file, help="values file (repeatable)"
     )
     parser.add_argument(
         "--set", dest="sets", action="append", default=[], help="Helm --set expression (repeatable)"
@@ -39,12 +41,14 @@ def _job_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="ddp-ops", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = parser.add_subparsers(dest="command", required=True)
     _chart_arguments(commands.add_parser("render", help="render the chart to manifests (no helm binary)"))
-    submit = commands.add_parser("submit", help="render and create the objects in the cluster")
+    submit = commands.add_parser(
+        "submit", help="render and apply the objects: create them, or update them to match"
+    )
     _chart_arguments(submit)
     submit.add_argument("--dry-run", action="store_true", help="print what would be created, contact nothing")
     _job_arguments(
@@ -53,11 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     logs = commands.add_parser("logs", help="rank 0's log (the pytorch container)")
     _job_arguments(logs)
     logs.add_argument("-f", "--follow", action="store_true", help="stream the log")
-    _job_arguments(commands.add_parser("delete", help="delete the PyTorchJob"))
+    delete = commands.add_parser("delete", help="delete every object of a release, found by its labels")
+    delete.add_argument("release", help="the release name given to submit (default there: ddp-run)")
+    delete.add_argument("-n", "--namespace", default="default", help="namespace (default default)")
     local = commands.add_parser("local", help="run the rendered job on this machine, pods as processes")
     _chart_arguments(local)
     local.add_argument("--workdir", type=Path, help="folder for the pods' files (default: a temporary one)")
-    local.add_argument("--timeout", type=float, default=3600, help="seconds before the job counts as failed")
+    local.add_argument(
+        "--timeout", type=positive_float, default=3600, help="seconds before the job counts as failed"
+    )
     local.add_argument(
         "--delay",
         action="append",
@@ -104,6 +112,14 @@ def _local(args: argparse.Namespace) -> int:
     return 0 if outcome.status == "Succeeded" else 1
 
 
+def _missing_package(command: str) -> str | None:
+    """What `command` needs that is not installed: Helm's engine (render, submit, local)
+    comes with the `ops` extra, being large."""
+    if command not in ("render", "submit", "local") or importlib.util.find_spec("helm_python"):
+        return None
+    return "needs Helm's engine: pip install 'ddp-trainer[ops]' (or -e '.[ops]' in a checkout)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["estimate"]:
@@ -111,6 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return estimate(argv[1:])
     args = build_parser().parse_args(argv)
+    missing = _missing_package(args.command)
+    if missing:
+        print(f"ddp-ops {args.command}: error: {missing}", file=sys.stderr)
+        return 2
     from helm_python import HelmError
 
     try:
@@ -125,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             cluster = Cluster()
             for item in rendered.objects:
-                print(cluster.create(item, args.namespace))
+                print(cluster.apply(item, args.namespace))
             print(rendered.notes, file=sys.stderr)
         elif args.command == "status":
             print(format_status(Cluster().status(args.job, args.namespace)))
@@ -136,10 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in cluster.log(pod, args.namespace, follow=args.follow):
                 print(line, flush=True)
         elif args.command == "delete":
-            print(Cluster().delete(args.job, args.namespace))
+            print("\n".join(Cluster().uninstall(args.release, args.namespace)))
         elif args.command == "local":
             return _local(args)
-    except (ClusterError, HelmError) as error:
+    except (ClusterError, HelmError, ValuesError) as error:
         print(f"ddp-ops {args.command}: error: {error}".rstrip(), file=sys.stderr)
         return 2
     return 0

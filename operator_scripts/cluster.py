@@ -1,6 +1,6 @@
-"""Talking to a cluster: submit rendered objects, read a job's status, find and follow rank
-0's log, delete. Configuration is found as kubectl finds it (the first file in KUBECONFIG,
-else ~/.kube/config, else the pod's service account); failures become one-line
+"""Talking to a cluster: apply rendered objects, read a job's status, find and follow rank
+0's log, delete a release. Configuration is found as kubectl finds it (the first file in
+KUBECONFIG, else ~/.kube/config, else the pod's service account); failures become one-line
 ClusterErrors instead of stack traces."""
 
 from __future__ import annotations
@@ -16,16 +16,31 @@ from typing import Any
 from operator_scripts.operator_env import LABEL, rank0_selector
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
-CUSTOM_PLURALS = {
+# every kind the chart renders: (apiVersion, kind) -> the API's plural
+KINDS = {
+    ("v1", "ServiceAccount"): "serviceaccounts",
+    ("v1", "ConfigMap"): "configmaps",
     ("kubeflow.org/v1", "PyTorchJob"): "pytorchjobs",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrules",
 }
+RELEASE_LABEL = "app.kubernetes.io/instance"  # on every object the chart renders (ddp.labels)
+FIELD_MANAGER = "ddp-ops"
 BANNER = "rank 0 on host"
 
 
 class ClusterError(RuntimeError):
     """Something about the cluster, said in one line."""
+
+
+class MissingApiError(ClusterError):
+    """The cluster does not serve a kind: its CRD is not installed."""
+
+
+def collection_path(api_version: str, plural: str, namespace: str) -> str:
+    """`/api/v1/namespaces/NS/configmaps` or `/apis/GROUP/VERSION/namespaces/NS/PLURAL`."""
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{prefix}/namespaces/{namespace}/{plural}"
 
 
 @dataclass(frozen=True)
@@ -94,10 +109,13 @@ class Cluster:
         from kubernetes import client, config
         from kubernetes.config.config_exception import ConfigException
 
-        candidates = os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)
+        named = os.environ.get("KUBECONFIG", "")
+        candidates = (named or "~/.kube/config").split(os.pathsep)
         kubeconfig = next(
             (Path(p).expanduser() for p in candidates if p and Path(p).expanduser().is_file()), None
         )
+        if named and kubeconfig is None:
+            raise ClusterError(f"KUBECONFIG={named}: no such file; point it at your cluster's kubeconfig")
         try:
             if kubeconfig is not None:
                 config.load_kube_config(config_file=str(kubeconfig))
@@ -105,8 +123,9 @@ class Cluster:
                 config.load_incluster_config()
         except ConfigException as error:
             raise ClusterError(f"no cluster configured: {error} (set KUBECONFIG or run in a pod)") from None
-        self.core = client.CoreV1Api()
-        self.custom = client.CustomObjectsApi()
+        self.client = client.ApiClient()
+        self.core = client.CoreV1Api(self.client)
+        self.custom = client.CustomObjectsApi(self.client)
 
     def _call(self, what: str, action: Callable[[], Any]) -> Any:
         from kubernetes.client.exceptions import ApiException
@@ -116,33 +135,79 @@ class Cluster:
             return action()
         except ApiException as error:
             if error.status == 404 and "the server could not find the requested resource" in str(error.body):
-                raise ClusterError(
-                    f"{what}: the cluster has no such API; is the Kubeflow training operator v1.9.4 "
-                    "installed (kubectl get crd pytorchjobs.kubeflow.org)?"
-                ) from None
+                operator = "PyTorchJob" in what or "pytorchjobs" in what
+                hint = (
+                    "is the Kubeflow training operator v1.9.4 installed (kubectl get crd "
+                    "pytorchjobs.kubeflow.org)?"
+                    if operator
+                    else "is its CRD installed?"
+                )
+                raise MissingApiError(f"{what}: the cluster has no such API; {hint}") from None
             reason = _api_message(error)
             raise ClusterError(f"{what}: {error.status} {reason}") from None
         except HTTPError as error:
             raise ClusterError(f"{what}: the cluster does not answer ({error.__class__.__name__})") from None
 
-    def create(self, item: dict[str, Any], namespace: str) -> str:
-        kind, api_version = item["kind"], item["apiVersion"]
-        name = item["metadata"]["name"]
-        what = f"create {kind} {namespace}/{name}"
-        plural = CUSTOM_PLURALS.get((api_version, kind))
-        if plural:
-            group, version = api_version.split("/")
-            self._call(
-                what,
-                lambda: self.custom.create_namespaced_custom_object(group, version, namespace, plural, item),
-            )
-        elif kind == "ConfigMap":
-            self._call(what, lambda: self.core.create_namespaced_config_map(namespace, item))
-        elif kind == "ServiceAccount":
-            self._call(what, lambda: self.core.create_namespaced_service_account(namespace, item))
-        else:
+    def _request(self, method: str, path: str, *, query: list[tuple[str, str]] | None = None, **kwargs: Any):
+        """One API request by path: (body, HTTP status, headers)."""
+        return self.client.call_api(
+            path,
+            method,
+            query_params=query or [],
+            header_params={"Accept": "application/json", **kwargs.pop("headers", {})},
+            auth_settings=["BearerToken"],
+            response_type="object",
+            _return_http_data_only=False,
+            **kwargs,
+        )
+
+    def apply(self, item: dict[str, Any], namespace: str) -> str:
+        """Create `item` or update it to match, by server-side apply (as `kubectl apply
+        --server-side --force-conflicts`): submitting the same release twice updates it."""
+        kind, api_version, name = item["kind"], item["apiVersion"], item["metadata"]["name"]
+        what = f"apply {kind} {namespace}/{name}"
+        plural = KINDS.get((api_version, kind))
+        if plural is None:
             raise ClusterError(f"{what}: no handler for {api_version} {kind}")
-        return f"{kind.lower()}/{name} created"
+        path = f"{collection_path(api_version, plural, namespace)}/{name}"
+        _, status, _ = self._call(
+            what,
+            lambda: self._request(
+                "PATCH",
+                path,
+                query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+                headers={"Content-Type": "application/apply-patch+yaml"},
+                body=item,
+            ),
+        )
+        return f"{kind.lower()}/{name} {'created' if status == 201 else 'configured'}"
+
+    def uninstall(self, release: str, namespace: str) -> list[str]:
+        """Delete every object of the chart's kinds labelled with `release`, as `helm
+        uninstall` does; the operator then deletes the job's pods. A kind whose CRD is not
+        installed has nothing to delete."""
+        deleted = []
+        for (api_version, kind), plural in KINDS.items():
+            path = collection_path(api_version, plural, namespace)
+            try:
+                found, _, _ = self._call(
+                    f"list {kind} in {namespace}",
+                    lambda path=path: self._request(
+                        "GET", path, query=[("labelSelector", f"{RELEASE_LABEL}={release}")]
+                    ),
+                )
+            except MissingApiError:
+                continue
+            for item in found.get("items", []):
+                name = item["metadata"]["name"]
+                self._call(
+                    f"delete {kind} {namespace}/{name}",
+                    lambda name=name, path=path: self._request("DELETE", f"{path}/{name}"),
+                )
+                deleted.append(f"{kind.lower()}/{name} deleted")
+        if not deleted:
+            raise ClusterError(f"release {release} has no objects in namespace {namespace}")
+        return deleted
 
     def job(self, name: str, namespace: str) -> dict[str, Any]:
         return self._call(
@@ -199,13 +264,6 @@ class Cluster:
             if any(BANNER in line for line in self.log(pod, namespace, follow=False)):
                 return pod
         return candidates[0]
-
-    def delete(self, name: str, namespace: str) -> str:
-        self._call(
-            f"delete PyTorchJob {namespace}/{name}",
-            lambda: self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name),
-        )
-        return f"pytorchjob/{name} deleted"
 
 
 def _api_message(error: Any) -> str:

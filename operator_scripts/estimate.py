@@ -13,6 +13,8 @@ import argparse
 import math
 from dataclasses import dataclass
 
+from trainer.argparsing import OneLineParser, positive_float, positive_int
+
 BACKWARD_SHARE = 2 / 3  # backward costs about twice the forward
 
 
@@ -116,17 +118,23 @@ def table(step_seconds: float, gradient_bytes: float, devices: list[int], link: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = OneLineParser(
+        prog="ddp-ops estimate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--step-ms", type=float, required=True, help="measured single-device step time (ms)")
     parser.add_argument(
-        "--grad-mb", type=float, required=True, help="gradient size in MB (4 x fp32 parameters)"
+        "--step-ms", type=positive_float, required=True, help="measured single-device step time (ms)"
     )
-    parser.add_argument("--devices", type=int, nargs="+", default=[2, 8, 16, 64], help="device counts")
+    parser.add_argument(
+        "--grad-mb", type=positive_float, required=True, help="gradient size in MB (4 x fp32 parameters)"
+    )
+    parser.add_argument(
+        "--devices", type=positive_int, nargs="+", default=[2, 8, 16, 64], help="device counts"
+    )
     parser.add_argument("--interconnect", choices=sorted(PRESETS), default="nvlink4", help="link preset")
-    parser.add_argument("--bandwidth-gbs", type=float, help="override the preset's bandwidth (GB/s)")
-    parser.add_argument("--latency-us", type=float, help="override the preset's per-hop latency (us)")
+    parser.add_argument("--bandwidth-gbs", type=positive_float, help="override the preset's bandwidth (GB/s)")
+    parser.add_argument(
+        "--latency-us", type=positive_float, help="override the preset's per-hop latency (us)"
+    )
     args = parser.parse_args(argv)
     preset = PRESETS[args.interconnect]
     link = Interconnect(

@@ -15,7 +15,7 @@ import yaml
 from helm_python import HelmError, lint
 from k8s_rules import CRD_FILE, pytorchjob_schema, webhook_problems
 
-from operator_scripts.chart import CHART_DIR, documented_keys, merge_values, render
+from operator_scripts.chart import CHART_DIR, ValuesError, documented_keys, merge_values, render
 from trainer.config import from_tree
 
 SCENARIOS = sorted((CHART_DIR / "ci").glob("*-values.yaml"))
@@ -105,6 +105,39 @@ def test_nccl_takes_sockets_by_default_and_rdma_when_asked():
 def test_bad_nccl_values_are_refused_at_render(sets, named):
     with pytest.raises(HelmError, match=named):
         render(merge_values(sets=sets))
+
+
+@pytest.mark.parametrize(
+    ("sets", "line"),
+    [
+        (
+            "trainer.config.train.epoch=3",
+            "trainer.config.train.epoch=3: unknown key; did you mean train.epochs?",
+        ),
+        ("trainer.config.train.batch_size=0", "trainer.config.train.batch_size=0: must be greater than 0"),
+        ("trainer.config.train.amp=fp8", "trainer.config.train.amp='fp8': must be 'off', 'bf16' or 'fp16'"),
+        (  # one section against another: what JSON schema cannot say
+            "trainer.config.checkpoint.drain_timeout_s=700",
+            "trainer.config.checkpoint.drain_timeout_s=700.0: must be at most half of dist.timeout_s",
+        ),
+    ],
+)
+def test_trainer_values_get_the_trainers_own_line_at_render(sets, line):
+    with pytest.raises(ValuesError) as refused:
+        render(merge_values(sets=[sets]))
+    assert str(refused.value).startswith(line)
+
+
+@pytest.mark.parametrize(
+    ("sets", "named"),
+    [("trainer.config.train.epoch=3", "epoch"), ("trainer.config.train.batch_size=0", "batch_size")],
+)
+def test_helms_own_schema_check_refuses_bad_trainer_values(sets, named):
+    """`helm install` validates values.schema.json, whose trainer.config part is generated
+    from the trainer's models (drift-checked in test_k8s.py)."""
+    report = lint(str(CHART_DIR), merge_values(sets=[sets]), strict=True, kube_version=f"v{K8S_VERSION}")
+    problems = json.dumps(report["errors"] + [m for m in report["messages"] if m["severity"] >= 2])
+    assert "schema" in problems and named in problems, problems
 
 
 def test_fixed_mode_has_one_master_and_the_rest_workers():

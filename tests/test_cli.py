@@ -12,7 +12,8 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 from conftest import REPO, process_env
-from replay_api import ReplayApi
+from object_api import ObjectApi
+from replay_api import ReplayApi, write_kubeconfig
 
 from operator_scripts.cli import main
 from operator_scripts.cluster import format_status, summarize
@@ -48,6 +49,54 @@ def test_help_everywhere():
         assert completed.returncode == 0 and "usage: " in completed.stdout
 
 
+PLUGIN = "def wrong(config):\n    return None\n"
+MISSING_VALUES = "argument -f/--values: 'missing.yaml': no such file"
+# (command, arguments, environment, the one line it must print): {tmp} is the test's folder
+BAD_INPUTS = [
+    ("ddp-ops", ["render", "-f", "missing.yaml"], {}, f"ddp-ops render: error: {MISSING_VALUES}"),
+    ("ddp-ops", ["submit", "-f", "missing.yaml"], {}, f"ddp-ops submit: error: {MISSING_VALUES}"),
+    ("ddp-ops", ["local", "-f", "missing.yaml"], {}, f"ddp-ops local: error: {MISSING_VALUES}"),
+    ("ddp-ops", ["local", "--delay", "worker-0"], {}, "'worker-0': expected POD=SECONDS, e.g. worker-0=75"),
+    ("ddp-ops", ["estimate", "--step-ms", "50", "--grad-mb", "100", "--devices", "0"], {},
+     "ddp-ops estimate: error: argument --devices: '0': must be a whole number greater than 0"),
+    ("ddp-ops", ["estimate", "--step-ms", "-5", "--grad-mb", "100"], {},
+     "ddp-ops estimate: error: argument --step-ms: '-5': must be greater than 0"),
+    ("ddp-ops", ["status", "job"], {"KUBECONFIG": "/nonexistent"},
+     "ddp-ops status: error: KUBECONFIG=/nonexistent: no such file; point it at your cluster's kubeconfig"),
+    ("ddp-ops", ["render", "--set", "gpus=12"], {}, "does not split into whole nodes"),
+    ("ddp-ops", ["frobnicate"], {}, "ddp-ops: error: argument command: invalid choice: 'frobnicate'"),
+    ("trainer", ["--config", "{tmp}/empty.yaml"], {}, "is empty; give it a section"),
+    ("trainer", ["--config", "{tmp}/betas.yaml"], {}, "optim.betas=[0.9]: must be a list of 2 numbers"),
+    ("trainer", ["--set", "model.name=wrong_plugin:wrong"], {},
+     "model.name='wrong_plugin:wrong': cannot be called as wrong(config, spec): too many positional"),
+    ("trainer", ["--bogus"], {}, "python -m trainer: error: unrecognized arguments: --bogus"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("command", "argv", "env", "line"), BAD_INPUTS, ids=[" ".join(c[1]) for c in BAD_INPUTS]
+)
+def test_every_bad_input_is_one_line_and_exit_2(command, argv, env, line, capsys, monkeypatch, tmp_path):
+    from trainer.cli import main as trainer_main
+
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "betas.yaml").write_text("optim:\n  betas: [0.9]\n")
+    (tmp_path / "wrong_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    entry = main if command == "ddp-ops" else trainer_main
+    try:
+        code = entry([arg.format(tmp=tmp_path) for arg in argv])
+    except SystemExit as exit:  # argparse's own exit
+        code = exit.code
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert len(captured.err.strip().splitlines()) == 1, captured.err
+    assert line in captured.err
+
+
 def test_render_and_dry_run_need_no_cluster(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
     assert main(["render", "--set", "gpus=16", "-n", "training"]) == 0
@@ -64,6 +113,10 @@ def test_render_and_dry_run_need_no_cluster(capsys, monkeypatch, tmp_path):
 def test_no_cluster_is_a_clear_error(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main(["status", "ddp-run-ddp-trainer", "-n", "training"]) == 2
+    assert f"KUBECONFIG={tmp_path / 'absent'}: no such file" in capsys.readouterr().err
+    monkeypatch.delenv("KUBECONFIG")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config either
     assert main(["status", "ddp-run-ddp-trainer", "-n", "training"]) == 2
     assert "no cluster configured" in capsys.readouterr().err
     closed = ReplayApi({})
@@ -105,25 +158,43 @@ def test_status_and_logs_against_recorded_responses(capsys, monkeypatch, tmp_pat
     assert all(path.startswith(("/apis/", "/api/")) for _, path in api.requests)
 
 
+CHART_KINDS = {"serviceaccounts", "configmaps", "pytorchjobs", "podmonitors", "prometheusrules"}
+
+
 def test_submit_without_the_crd_says_what_is_missing(capsys, monkeypatch, tmp_path):
-    routes = {("POST", "/api/v1/namespaces/training/"): (201, {"kind": "Status", "status": "Success"})}
-    with ReplayApi(routes) as api:
-        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path)))
-        code = main(
-            [
-                "submit",
-                "-n",
-                "training",
-                "--set",
-                "metrics.podMonitor.enabled=false",
-                "--set",
-                "metrics.prometheusRule.enabled=false",
-            ]
-        )
+    with ObjectApi(served=CHART_KINDS - {"pytorchjobs"}) as api:
+        monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(api.url, tmp_path)))
+        code = main(["submit", "-n", "training"])
     err = capsys.readouterr().err
     assert code == 2 and "training operator v1.9.4 installed" in err and "Traceback" not in err
-    posted = [path for method, path in api.requests if method == "POST"]
-    assert posted[-1] == f"{BASE}"
+    assert api.requests[-1] == ("PATCH", f"{BASE}/ddp-run-ddp-trainer", 404)
+
+
+def test_submit_twice_updates_and_delete_removes_every_object_of_the_release(capsys, monkeypatch, tmp_path):
+    """Against a model of the API's apply, list and delete (tests/helpers/object_api.py: no
+    API server can run here): create, then update, then the release's objects all gone and
+    another release's untouched."""
+    with ObjectApi(served=CHART_KINDS) as api:
+        monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(api.url, tmp_path)))
+        assert main(["submit", "-n", "training", "--release", "other"]) == 0
+        others = set(api.objects)
+        assert main(["submit", "-n", "training"]) == 0
+        created = capsys.readouterr().out.splitlines()[len(others) :]
+        assert len(created) == len(others) == 6 and all(line.endswith(" created") for line in created)
+        assert "pytorchjob/ddp-run-ddp-trainer created" in created
+
+        assert main(["submit", "-n", "training", "--set", "trainer.config.train.epochs=3"]) == 0
+        updated = capsys.readouterr().out.splitlines()
+        assert updated == [line.replace(" created", " configured") for line in created]
+        config = api.objects[("training", "configmaps", "ddp-run-ddp-trainer-config")]
+        assert config["metadata"]["resourceVersion"] == "2" and "epochs: 3" in json.dumps(config["data"])
+
+        assert main(["delete", "ddp-run", "-n", "training"]) == 0
+        deleted = capsys.readouterr().out.splitlines()
+        assert sorted(deleted) == sorted(line.replace(" created", " deleted") for line in created)
+        assert set(api.objects) == others
+        assert main(["delete", "ddp-run", "-n", "training"]) == 2
+        assert "release ddp-run has no objects in namespace training" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -13,13 +13,13 @@ import yaml
 from conftest import REPO
 from k8s_rules import pytorchjob_schema, webhook_problems
 
-from operator_scripts.chart import docs_files, k8s_base_files
+from operator_scripts.chart import docs_files, k8s_base_files, schema_files
 
 K8S_VERSION = "1.30.0"
 
 
 def test_k8s_base_and_chart_readme_match_the_chart():
-    for path, text in {**k8s_base_files(), **docs_files()}.items():
+    for path, text in {**k8s_base_files(), **docs_files(), **schema_files()}.items():
         assert path.is_file() and path.read_text() == text, (
             f"{path.relative_to(REPO)} is stale: python -m operator_scripts.chart write"
         )

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from trainer.argparsing import OneLineParser
 from trainer.checkpoint import Checkpointer, open_store, rng
 from trainer.checkpoint.writer import spawn_writer
 from trainer.config import CheckpointConfig, Config, ConfigError, bundled_config_names, dump_yaml, load_config
@@ -34,7 +35,7 @@ FATAL_FILE_ENV = "TRAINER_FATAL_FILE"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m trainer",
         description="Data-parallel training under torchrun (or alone, as a world of one).",
     )

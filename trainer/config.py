@@ -216,10 +216,14 @@ def _read_source(source: str) -> dict[str, Any]:
         allowed = ", ".join(bundled_config_names())
         raise ConfigError("--config", source, f"no such file; bundled configs are: {allowed}")
     try:
-        tree = yaml.safe_load(text) or {}
+        tree = yaml.safe_load(text)
     except yaml.YAMLError as error:
         reason = str(error).replace("\n", " ")
         raise ConfigError("--config", source, f"not valid YAML ({reason})") from None
+    if tree is None:
+        raise ConfigError(
+            "--config", source, "is empty; give it a section, or leave --config out for the defaults"
+        )
     if not isinstance(tree, dict):
         raise ConfigError("--config", source, "must be a YAML mapping of sections")
     return tree
@@ -254,6 +258,12 @@ def _field_path(location: Sequence[Any]) -> list[str]:
     return path
 
 
+def _tuple_length(location: Sequence[str]) -> int:
+    """How many items the tuple field at `location` holds."""
+    section = _section_at(location)
+    return len(typing.get_args(typing.get_type_hints(section)[location[-1]]))
+
+
 def _error_from_pydantic(error: dict[str, Any], alternatives: Sequence[str] = ()) -> ConfigError:
     location = _field_path(error["loc"])
     key = ".".join(location)
@@ -265,6 +275,8 @@ def _error_from_pydantic(error: dict[str, Any], alternatives: Sequence[str] = ()
         close = difflib.get_close_matches(location[-1], names, n=1)
         hint = f"did you mean {qualified[names.index(close[0])]}? " if close else ""
         return ConfigError(key, error["input"], f"unknown key; {hint}allowed: {', '.join(qualified)}")
+    if error["type"] == "missing" and location != list(error["loc"]):  # an item of a fixed-size tuple
+        return ConfigError(key, error["input"], f"must be a list of {_tuple_length(location)} numbers")
     messages = dict.fromkeys([error["msg"], *alternatives])  # a union's members, each once
     return ConfigError(key, error["input"], " or ".join(messages).replace("Input should be", "must be"))
 

@@ -40,6 +40,7 @@ from typing import BinaryIO
 
 import psutil
 
+from trainer.argparsing import OneLineParser
 from trainer.checkpoint import open_store
 from trainer.cli import EXIT_CONFIG_ERROR, FATAL_FILE_ENV, validate
 from trainer.config import ConfigError
@@ -57,7 +58,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """The wrapper's own options, and torchrun's arguments after `--`."""
     argv = list(argv)
     split = argv.index("--") if "--" in argv else len(argv)
-    parser = argparse.ArgumentParser(prog="ddp-launch", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="ddp-launch", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--rendezvous-wait", type=float, default=900, metavar="S",
         help="seconds to wait for the rendezvous host's name to resolve (default 900)",

@@ -6,6 +6,7 @@ Datasets and models share this so that a user's own code plugs in the same way f
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -17,8 +18,9 @@ Builder = TypeVar("Builder", bound=Callable)
 class Registry(Generic[Builder]):
     """A table of builders keyed by name; other names are resolved as `module:attribute`."""
 
-    def __init__(self, key: str, kind: str) -> None:
-        self.key, self.kind = key, kind
+    def __init__(self, key: str, kind: str, arguments: tuple[str, ...]) -> None:
+        """`arguments`: what a builder is called with, by position (checked on plug-ins)."""
+        self.key, self.kind, self.arguments = key, kind, arguments
         self._builders: dict[str, Builder] = {}
 
     def register(self, name: str) -> Callable[[Builder], Builder]:
@@ -49,4 +51,11 @@ class Registry(Generic[Builder]):
         builder = getattr(module, attribute, None)
         if not callable(builder):
             raise ConfigError(self.key, name, f"{module_name} has no callable {attribute!r}")
+        call = f"{attribute}({', '.join(self.arguments)})"
+        try:
+            inspect.signature(builder).bind(*self.arguments)
+        except TypeError as error:
+            raise ConfigError(self.key, name, f"cannot be called as {call}: {error}") from None
+        except ValueError:  # a builtin without a signature: its call will tell
+            pass
         return builder

@@ -21,14 +21,7 @@ class ReplayApi:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def kubeconfig(self, folder: Path) -> Path:
-        path = folder / "kubeconfig"
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "replay",
-            "clusters": [{"name": "replay", "cluster": {"server": self.url}}],
-            "users": [{"name": "replay", "user": {"token": "replay-token"}}],
-            "contexts": [{"name": "replay", "context": {"cluster": "replay", "user": "replay"}}],
-        }))  # fmt: skip
-        return path
+        return write_kubeconfig(self.url, folder)
 
     def __enter__(self) -> ReplayApi:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -73,3 +66,15 @@ class ReplayApi:
             do_GET = do_POST = do_DELETE = _answer
 
         return Handler
+
+
+def write_kubeconfig(url: str, folder: Path) -> Path:
+    """A kubeconfig in `folder` whose one cluster is the server at `url`."""
+    path = folder / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "replay",
+        "clusters": [{"name": "replay", "cluster": {"server": url}}],
+        "users": [{"name": "replay", "user": {"token": "replay-token"}}],
+        "contexts": [{"name": "replay", "context": {"cluster": "replay", "user": "replay"}}],
+    }))  # fmt: skip
+    return path

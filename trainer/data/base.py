@@ -39,4 +39,4 @@ class DataSplits:
 
 
 DatasetBuilder = Callable[[DataConfig, int], DataSplits]
-DATASETS: Registry[DatasetBuilder] = Registry("data.name", "dataset")
+DATASETS: Registry[DatasetBuilder] = Registry("data.name", "dataset", ("config", "seed"))

@@ -11,7 +11,7 @@ from trainer.data.base import DataSpec, Task
 from trainer.registry import Registry
 
 ModelBuilder = Callable[[ModelConfig, DataSpec], nn.Module]
-MODELS: Registry[ModelBuilder] = Registry("model.name", "model")
+MODELS: Registry[ModelBuilder] = Registry("model.name", "model", ("config", "spec"))
 
 
 def require(spec: DataSpec, model: str, task: Task, input_rank: int | None = None) -> None:

@@ -1,0 +1,106 @@
+"""A loopback HTTP server that keeps namespaced objects the way the Kubernetes API does for
+server-side apply, label-selected lists and deletes.
+
+No API server can run on this machine (no kube-apiserver or etcd binaries are reachable), so
+this models only the answers `ddp-ops submit` and `delete` rely on, from the API's
+documentation: an apply (PATCH, `application/apply-patch+yaml`, `fieldManager` required)
+answers 201 when it created the object and 200 when it updated it; a list takes a
+`labelSelector` of `key=value` terms; a delete of an absent object is 404; a kind the
+cluster does not serve is 404 "the server could not find the requested resource"."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+NOT_SERVED = "the server could not find the requested resource"
+
+
+class ObjectApi:
+    def __init__(self, served: set[str]) -> None:
+        """`served`: the plurals the cluster knows (configmaps, pytorchjobs, ...)."""
+        self.served = served
+        self.objects: dict[tuple[str, str, str], dict] = {}  # (namespace, plural, name) -> object
+        self.requests: list[tuple[str, str, int]] = []  # (method, path, status answered)
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> ObjectApi:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def answer(self, method: str, path: str, query: dict[str, list[str]], headers, body: bytes):
+        parts = path.strip("/").split("/")
+        # /api/v1/namespaces/NS/PLURAL[/NAME] or /apis/GROUP/VERSION/namespaces/NS/PLURAL[/NAME]
+        rest = parts[2:] if parts[0] == "api" else parts[3:]
+        if len(rest) < 3 or rest[0] != "namespaces" or rest[2] not in self.served:
+            return 404, status(404, "NotFound", NOT_SERVED)
+        namespace, plural, name = rest[1], rest[2], rest[3] if len(rest) > 3 else None
+        key = (namespace, plural, name)
+        with self.lock:
+            if method == "PATCH" and name:
+                if headers.get("Content-Type") != "application/apply-patch+yaml":
+                    return 415, status(415, "UnsupportedMediaType", "expected an apply patch")
+                if not query.get("fieldManager"):
+                    return 400, status(400, "BadRequest", "fieldManager is required for apply patch")
+                item = json.loads(body)
+                created = key not in self.objects
+                version = 1 if created else int(self.objects[key]["metadata"]["resourceVersion"]) + 1
+                item["metadata"]["resourceVersion"] = str(version)
+                self.objects[key] = item
+                return (201 if created else 200), item
+            if method == "GET" and name is None:
+                terms = [t.split("=", 1) for t in query.get("labelSelector", [""])[0].split(",") if t]
+                items = [
+                    item
+                    for (ns, kind, _), item in self.objects.items()
+                    if (ns, kind) == (namespace, plural)
+                    and all(item["metadata"].get("labels", {}).get(k) == v for k, v in terms)
+                ]
+                return 200, {"kind": "List", "items": items}
+            if method == "DELETE" and name:
+                if self.objects.pop(key, None) is None:
+                    return 404, status(404, "NotFound", f'{plural} "{name}" not found')
+                return 200, status(200, "", "", success=True)
+        return 405, status(405, "MethodNotAllowed", f"{method} {path}")
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def _answer(self) -> None:
+                url = urlsplit(self.path)
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                code, document = api.answer(self.command, url.path, parse_qs(url.query), self.headers, body)
+                api.requests.append((self.command, url.path, code))
+                payload = json.dumps(document).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_PATCH = do_DELETE = do_POST = _answer
+
+        return Handler
+
+
+def status(code: int, reason: str, message: str, *, success: bool = False) -> dict:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Success" if success else "Failure",
+        "reason": reason,
+        "message": message,
+        "code": code,
+    }
