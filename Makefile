@@ -1,35 +1,48 @@
-# The README's two commands: `make demo` and `make test`. Both build .venv from pinned versions.
+# The README's two commands: `make demo` and `make test`. Both build .venv from pinned versions:
+# the demo only what the trainer needs, the tests the dev extra on top.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+TRAINER := $(VENV)/.installed-trainer
 INSTALLED := $(VENV)/.installed
+# what the integration tests run besides Python: Debian's prometheus (prometheus, promtool),
+# kubernetes-client (kubectl kustomize) and util-linux (unshare); .ci/run installs them
+TEST_TOOLS := prometheus promtool kubectl unshare
 # torchrun's restarts reuse no rendezvous store port: without it, 3 of 7 kill-and-restart
 # trials under --standalone hung or failed to connect (shared/reference/FACTS.md)
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE := 1
 
-.PHONY: demo test test-quick gpu-check lint clean
+.PHONY: demo test test-quick gpu-check lint tools clean
 
-$(INSTALLED): pyproject.toml constraints.txt
+$(TRAINER): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e .
+	touch $@
+
+$(INSTALLED): $(TRAINER)
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
 
 ## demo: a 2-process CPU DDP run on the bundled digits data, checkpoints in ./checkpoints/digits
-demo: $(INSTALLED)
+demo: $(TRAINER)
 	$(BIN)/ddp-launch -- --standalone --nproc_per_node=2 -m trainer --config digits
 
 ## test: lint, then the whole suite (real torchrun processes on loopback)
-test: $(INSTALLED) lint
+test: $(INSTALLED) tools lint
 	$(BIN)/pytest
 
 ## test-quick: everything but the multi-process runs marked slow
-test-quick: $(INSTALLED) lint
+test-quick: $(INSTALLED) tools lint
 	$(BIN)/pytest -m "not slow"
 
-## gpu-check: on a machine with GPUs, the gpu tests, 1-GPU and all-GPU nccl/bf16 runs, bench_gpu
+tools:
+	@missing=""; for tool in $(TEST_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then echo "make test needs$$missing: apt-get install prometheus kubernetes-client util-linux (.ci/run does)" >&2; exit 1; fi
+
+## gpu-check: on a machine with GPUs, the gpu tests, 1-GPU and all-GPU nccl/bf16 runs, benchmarks.gpu
 ## and a report; without CUDA, the CPU part and a line saying so
 gpu-check: $(INSTALLED)
-	$(BIN)/python -m operator_scripts.gpu_check
+	$(BIN)/python -m benchmarks.gpu_check
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -1,1 +1,2 @@
-"""The operator's tools: benchmarks now; render, submit, status, logs and local runs to come."""
+"""The operator's tools: `ddp-ops` (render, submit, status, logs, delete, local runs of a
+rendered job, the scaling estimate), the chart's generated files, the run report."""

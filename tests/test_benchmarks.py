@@ -8,14 +8,14 @@ import sys
 import pytest
 from conftest import REPO, process_env
 
-from operator_scripts.bench_gpu import GpuFigures
-from operator_scripts.gpu_check import split_problems
+from benchmarks.gpu import GpuFigures
+from benchmarks.gpu_check import split_problems
 
 
 def run_benchmark(module: str, *args: str, timeout: float = 300) -> str:
-    """stdout of `python -m operator_scripts.MODULE ARGS`, which must succeed."""
+    """stdout of `python -m benchmarks.MODULE ARGS`, which must succeed."""
     completed = subprocess.run(
-        [sys.executable, "-m", f"operator_scripts.{module}", *args],
+        [sys.executable, "-m", f"benchmarks.{module}", *args],
         cwd=REPO,
         env=process_env(),
         capture_output=True,
@@ -26,10 +26,9 @@ def run_benchmark(module: str, *args: str, timeout: float = 300) -> str:
     return completed.stdout
 
 
+@pytest.mark.slow
 def test_checkpoint_benchmark_prints_both_ratios():
-    out = run_benchmark(
-        "bench_checkpoint", "--megabytes", "8", "--repeats", "1", "--matrix", "128", "--steps", "5"
-    )
+    out = run_benchmark("checkpoint", "--megabytes", "8", "--repeats", "1", "--matrix", "128", "--steps", "5")
     for label in ("stall ratio background/sync", "throughput ratio ours/plain"):
         line = next(line for line in out.splitlines() if label in line)
         assert re.search(r": \d+\.\d{3} \(target", line), line
@@ -37,7 +36,7 @@ def test_checkpoint_benchmark_prints_both_ratios():
 
 @pytest.mark.slow
 def test_snapshot_benchmark_prints_each_interval_against_none():
-    out = run_benchmark("bench_snapshot", "--repeats", "1", "--every", "auto", "7", "--set", "train.epochs=4")
+    out = run_benchmark("snapshot", "--repeats", "1", "--every", "auto", "7", "--set", "train.epochs=4")
     assert re.search(r"^  no snapshots +: +[\d,]+ samples/s$", out, re.MULTILINE), out
     auto = r"^  every +auto steps: +[\d,]+ samples/s, ratio \d\.\d{3} \(range .*; target >= 0\.98\); pauses"
     assert re.search(auto, out, re.MULTILINE), out
@@ -47,7 +46,7 @@ def test_snapshot_benchmark_prints_each_interval_against_none():
 @pytest.mark.slow
 def test_throughput_benchmark_compares_ours_with_the_bare_loop_and_lightning():
     """Lightning is in the dev extra, so all three contenders run (one round each)."""
-    out = run_benchmark("bench_throughput", "--nproc", "1", "--repeats", "1", "--set", "train.epochs=4")
+    out = run_benchmark("throughput", "--nproc", "1", "--repeats", "1", "--set", "train.epochs=4")
     for name in ("ours", "bare DDP loop", "Lightning"):
         assert re.search(rf"^  {name} +: +[\d,]+ samples/s \(median of 1", out, re.MULTILINE), out
     assert re.search(r"ratio ours/bare: \d+\.\d{3} \(median of rounds, .*target >= 0\.98\)", out), out
@@ -56,9 +55,7 @@ def test_throughput_benchmark_compares_ours_with_the_bare_loop_and_lightning():
 
 @pytest.mark.slow
 def test_scaling_benchmark_prints_speedups_and_predictions_and_draws_both_plots(tmp_path):
-    out = run_benchmark(
-        "bench_scaling", "--repeats", "1", "--steps", "30", "--plots", str(tmp_path), timeout=600
-    )
+    out = run_benchmark("scaling", "--repeats", "1", "--steps", "30", "--plots", str(tmp_path), timeout=600)
     link = r"all-reduce [\d.]+ ms measured in 2 buckets \(ring model from \d+ us per hop and [\d.]+ GB/s"
     assert len(re.findall(link, out)) == 2, out
     for workload in ("compute-bound cnn", "communication-heavy mlp"):
@@ -76,9 +73,7 @@ def test_scaling_benchmark_prints_speedups_and_predictions_and_draws_both_plots(
 @pytest.mark.slow
 def test_gpu_benchmark_reduced_mode_reports_tokens_mfu_and_memory():
     peak_tflops = 0.05
-    out = run_benchmark(
-        "bench_gpu", "--reduced", "--steps", "30", "--json", "--peak-tflops", str(peak_tflops)
-    )
+    out = run_benchmark("gpu", "--reduced", "--steps", "30", "--json", "--peak-tflops", str(peak_tflops))
     result = json.loads(out.strip().splitlines()[-1])
     assert result["device_name"] == "cpu" and result["world_size"] == 2 and result["global_batch"] == 16
     assert result["tokens_per_second"] == pytest.approx(64 * result["samples_per_second"])

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 import pytest
 import yaml
-from conftest import REPO, process_env
+from conftest import REPO, free_port, process_env
 from object_api import ObjectApi
 from replay_api import ReplayApi, write_kubeconfig
 
@@ -208,7 +208,7 @@ def test_local_command_runs_the_cpu_scenario(tmp_path):
             "-f",
             str(REPO / "helm" / "ci" / "cpu-values.yaml"),
             "--set",
-            "trainer.config.train.max_steps=20,metrics.port=9412",
+            f"trainer.config.train.max_steps=20,metrics.port={free_port()}",
             "--workdir",
             str(tmp_path / "pods"),
         ],

@@ -210,7 +210,7 @@ def test_a_job_that_keeps_failing_ends_after_exactly_its_backoff_limit(tmp_path,
 @pytest.mark.slow
 def test_master_and_worker_mode_runs_locally(tmp_path):
     values = merge_values(
-        files=[CPU_VALUES], sets=["mode=fixed,metrics.port=9413,trainer.config.train.max_steps=15"]
+        files=[CPU_VALUES], sets=[f"mode=fixed,metrics.port={free_port()},trainer.config.train.max_steps=15"]
     )
     rendered = render(values, release="fixed-run", namespace="training")
     assert list(rendered.one("PyTorchJob")["spec"]["pytorchReplicaSpecs"]) == ["Master", "Worker"]

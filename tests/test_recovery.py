@@ -20,10 +20,10 @@ from trainer.launch import signal_tree
 
 @pytest.mark.slow
 def test_seeded_fault_trials_lose_at_most_the_snapshot_interval_and_end_bit_identical():
-    """`operator_scripts.fault_trials` (2 of its 10 trials): SIGKILL a random rank at a
+    """`benchmarks.fault_trials` (2 of its 10 trials): SIGKILL a random rank at a
     random step under `torchrun --max-restarts=1`, resume from the newest snapshot."""
     completed = subprocess.run(
-        [sys.executable, "-m", "operator_scripts.fault_trials", "--trials", "2", "--seed", "7"],
+        [sys.executable, "-m", "benchmarks.fault_trials", "--trials", "2", "--seed", "7"],
         cwd=REPO,
         env=process_env(),
         capture_output=True,

@@ -193,6 +193,7 @@ def test_a_slow_rank_is_the_straggler_and_the_split_accounts_for_the_wall_clock(
         assert after["step_ms"] == pytest.approx(wall_ms, rel=0.05), (before, after)
 
 
+@pytest.mark.slow
 def test_exact_distributed_evaluation_equals_one_process(tmp_path):
     expected = {}
     for name, (dataset, model) in datasets_and_models().items():
@@ -213,6 +214,7 @@ def test_exact_distributed_evaluation_equals_one_process(tmp_path):
             assert math.isclose(measured[name]["loss"], values["loss"], rel_tol=1e-6)
 
 
+@pytest.mark.slow
 def test_accumulation_under_no_sync_equals_one_large_batch(tmp_path):
     result = run_helper("accum_worker.py", tmp_path / "accum.json", nproc=2, cwd=tmp_path)
     assert result["accumulated_allreduce_calls"] == result["big_batch_allreduce_calls"] >= 1
@@ -220,6 +222,7 @@ def test_accumulation_under_no_sync_equals_one_large_batch(tmp_path):
     assert result["max_difference"] < 1e-6
 
 
+@pytest.mark.slow
 def test_bad_config_under_torchrun_is_the_root_cause(workdir):
     completed = run_torchrun(["--set", "train.batch_size=0"], workdir)
     assert completed.returncode != 0

@@ -1,6 +1,6 @@
 """Checkpoint benchmark: what a save costs the training loop, and how fast uploads go.
 
-    python -m operator_scripts.bench_checkpoint [--megabytes 128] [--repeats 3]
+    python -m benchmarks.checkpoint [--megabytes 128] [--repeats 3]
 
 Starts moto's S3 server in its own process on loopback (or uses --endpoint), then measures,
 interleaved and repeated, side by side in one run:

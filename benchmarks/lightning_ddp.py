@@ -2,7 +2,7 @@
 strategy (the optional `bench` extra), validating after every epoch, printing its
 steady-state global samples/s as JSON.
 
-    torchrun --nproc_per_node=2 -m operator_scripts.lightning_ddp [--set key=value ...]
+    torchrun --nproc_per_node=2 -m benchmarks.lightning_ddp [--set key=value ...]
 
 Lightning's extras are switched off (logger, checkpoints, progress bar, summary, sanity
 check) so that it is timed doing what the other two loops do.
@@ -16,7 +16,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from operator_scripts.baseline import RateMeter, parse_baseline_args
+from benchmarks.baseline import RateMeter, parse_baseline_args
 from trainer.data import build_data
 from trainer.distributed import read_env
 from trainer.models import build_model

@@ -1,13 +1,13 @@
 """Framework overhead: our trainer against the plainest DDP loop and PyTorch Lightning, on
 the same model, data, optimizer and world size, interleaved and repeated.
 
-    python -m operator_scripts.bench_throughput [--config NAME] [--nproc 2] [--repeats 7] [--set k=v ...]
+    python -m benchmarks.throughput [--config NAME] [--nproc 2] [--repeats 7] [--set k=v ...]
 
 All three validate after every epoch and leave that time out of their windows. Ours runs
 without gradient clipping and durable checkpoints here (the other two have neither): the
-comparison is of loop overhead, not of features that cost compute; `bench_checkpoint`
+comparison is of loop overhead, not of features that cost compute; `benchmarks.checkpoint`
 measures checkpoints. Ours keeps its default node-local snapshots, and their pauses count
-as time: they are part of every step's price (`bench_snapshot` measures them apart).
+as time: they are part of every step's price (`benchmarks.snapshot` measures them apart).
 Lightning is the optional `bench` extra (`pip install -e '.[bench]'`).
 """
 
@@ -18,7 +18,7 @@ import importlib.util
 import statistics
 from collections.abc import Callable
 
-from operator_scripts.benchrun import run_baseline, run_trainer, trainer_bench_parser
+from benchmarks.runner import run_baseline, run_trainer, trainer_bench_parser
 
 DEFAULTS = [
     "train.epochs=30",

@@ -1,6 +1,6 @@
 """Snapshot overhead: training throughput with node-local snapshots against none.
 
-    python -m operator_scripts.bench_snapshot [--config NAME] [--nproc 2] [--repeats 5] [--every auto 5 50]
+    python -m benchmarks.snapshot [--config NAME] [--nproc 2] [--repeats 5] [--every auto 5 50]
 
 Runs our trainer with no snapshots and with snapshots every N steps (or `auto`, the
 default, which sizes the interval itself), interleaved and repeated (the order rotated each
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 
-from operator_scripts.benchrun import TrainerRun, run_trainer, trainer_bench_parser
+from benchmarks.runner import TrainerRun, run_trainer, trainer_bench_parser
 from trainer.config import CheckpointConfig
 
 DEFAULT_EVERY = CheckpointConfig().snapshot_every_steps

@@ -1,9 +1,9 @@
 """One command that proves the trainer on a machine with GPUs, and a short report.
 
-    make gpu-check          # or: python -m operator_scripts.gpu_check [--steps 60]
+    make gpu-check          # or: python -m benchmarks.gpu_check [--steps 60]
 
 With CUDA: the `gpu` tests; a 1-GPU and an all-GPU DDP run (nccl, bf16, the bundled
-`tokens` transformer, node-local snapshots on); `bench_gpu` on all GPUs for tokens/s, MFU
+`tokens` transformer, node-local snapshots on); `benchmarks.gpu` on all GPUs for tokens/s, MFU
 and peak memory; and checks on the runs' progress lines: the step split's parts add up to
 the step, compute is non-zero, and at 2 or more GPUs communication is too (device time from
 CUDA events: with host timestamps it read about 0). Exit 1 if anything failed.
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from operator_scripts import bench_gpu
-from operator_scripts.benchrun import trainer_records
+from benchmarks import gpu as bench_gpu
+from benchmarks.runner import trainer_records
 from trainer.timing import PARTS
 
 RUN = ["train.amp=bf16", "train.epochs=1000", "checkpoint.every_steps=0", "metrics.port=0"]
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         run_tests(report, "not slow", ["tests/test_timing.py"])
         check_run(report, 2, "cpu", args.steps)
         print("\n".join(report.lines))
-        print("no CUDA device here: ran the CPU part; the gpu tests, the nccl runs and bench_gpu need a GPU")
+        print("no CUDA device here: ran the CPU part; the GPU part needs a GPU")
         return int(report.failed)
     gpus = torch.cuda.device_count()
     run_tests(report, "gpu", ["tests"])
@@ -105,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         figures = bench_gpu.measure(gpus, args.steps)
     except (RuntimeError, ValueError) as error:
-        report.add(False, f"bench_gpu failed: {str(error).strip().splitlines()[-1]}")
+        report.add(False, f"benchmarks.gpu failed: {str(error).strip().splitlines()[-1]}")
     else:
-        report.add(True, "bench_gpu: " + "; ".join(figures.lines()))
+        report.add(True, "benchmarks.gpu: " + "; ".join(figures.lines()))
     print(f"gpu-check on {gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
           f"CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")  # fmt: skip
     print("\n".join(report.lines))

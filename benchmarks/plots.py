@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from operator_scripts.bench_scaling import Scaling
+    from benchmarks.scaling import Scaling
 
 PARTS = (
     ("data_ms", "waiting for data", "#8da0cb"),

@@ -3,7 +3,7 @@ data and model the trainer builds, validating after every epoch and printing ran
 every `--log-every` steps as the lesson's loop does, then its steady-state global
 samples/s as JSON.
 
-    torchrun --nproc_per_node=2 -m operator_scripts.bare_ddp [--set key=value ...]
+    torchrun --nproc_per_node=2 -m benchmarks.bare_ddp [--set key=value ...]
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from operator_scripts.baseline import RateMeter, parse_baseline_args
+from benchmarks.baseline import RateMeter, parse_baseline_args
 from trainer.config import Config
 from trainer.data import build_data
 from trainer.distributed import process_group, read_env

@@ -1,6 +1,6 @@
 """Fault trials: SIGKILL a random rank at a random step, and check what the restart lost.
 
-    python -m operator_scripts.fault_trials [--trials 10] [--seed 0] [--snapshot-every 5]
+    python -m benchmarks.fault_trials [--trials 10] [--seed 0] [--snapshot-every 5]
 
 Runs the digits demo at 2 processes under `torchrun --standalone --max-restarts=1`, with
 dropout on (so every rank's RNG streams matter), a snapshot every `--snapshot-every` steps

@@ -1,6 +1,6 @@
 """Metrics overhead benchmark: samples/s with Prometheus metrics on vs off.
 
-    python -m operator_scripts.bench_metrics [--config digits] [--nproc 2] [--repeats 3]
+    python -m benchmarks.metrics [--config digits] [--nproc 2] [--repeats 3]
 
 Runs the same torchrun job alternately with `metrics.port=0` and with metrics served,
 takes each run's steady-state global samples/s (median of rank 0's progress records after
@@ -13,7 +13,7 @@ import argparse
 import socket
 import statistics
 
-from operator_scripts.benchrun import run_trainer
+from benchmarks.runner import run_trainer
 
 
 def free_port() -> int:

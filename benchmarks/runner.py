@@ -12,7 +12,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from operator_scripts.baseline import WARMUP_WINDOWS
+from benchmarks.baseline import WARMUP_WINDOWS
 from trainer.launch import RDZV_ENV
 
 
@@ -112,10 +112,10 @@ def run_trainer(
 def run_baseline(
     module: str, nproc: int, overrides: list[str], *, log_every: int, config: str | None = None
 ) -> float:
-    """samples/s of `torchrun -m operator_scripts.<module>` (bare_ddp or lightning_ddp)."""
+    """samples/s of `torchrun -m benchmarks.<module>` (bare_ddp or lightning_ddp)."""
     args = [
         "-m",
-        f"operator_scripts.{module}",
+        f"benchmarks.{module}",
         *config_args(overrides, config),
         "--log-every",
         str(log_every),

@@ -1,8 +1,8 @@
 """GPU benchmark: our trainer on a bf16-autocast decoder transformer, reporting tokens/s,
 MFU and peak memory per device from rank 0's JSON progress lines.
 
-    python -m operator_scripts.bench_gpu [--gpus 1] [--steps 60]   # ~236M parameters, seq 1024
-    python -m operator_scripts.bench_gpu --reduced                 # the same path, small, on a CPU
+    python -m benchmarks.gpu [--gpus 1] [--steps 60]   # ~236M parameters, seq 1024
+    python -m benchmarks.gpu --reduced                 # the same path, small, on a CPU
 
 One short call on a lent H200 (about two minutes with start-up). `--reduced` runs the
 bundled `tokens` shape on the CPU with two processes, so CI exercises every line but the
@@ -17,7 +17,7 @@ import json
 import statistics
 from dataclasses import dataclass
 
-from operator_scripts.benchrun import trainer_records
+from benchmarks.runner import trainer_records
 
 FULL = [
     "data.synthetic.num_samples=8192",

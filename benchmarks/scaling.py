@@ -1,7 +1,7 @@
 """1 vs 2 processes on CPU (one thread each), ours and the bare DDP loop, measured speedup
 next to `estimate`'s, and the plots.
 
-    python -m operator_scripts.bench_scaling [--repeats 3] [--plots docs/performance] [--steps N]
+    python -m benchmarks.scaling [--repeats 3] [--plots docs/performance] [--steps N]
 
 Two workloads: a compute-bound CNN on 28x28 images and a communication-heavy wide MLP with
 small batches. For each, steady-state samples/s of our trainer and of the bare loop at 1
@@ -30,8 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from operator_scripts.bench_plots import plot_scaling, plot_step_split
-from operator_scripts.benchrun import SPLIT_FIELDS, run_baseline, run_trainer, torchrun
+from benchmarks.plots import plot_scaling, plot_step_split
+from benchmarks.runner import SPLIT_FIELDS, run_baseline, run_trainer, torchrun
 from operator_scripts.estimate import (
     Interconnect,
     ddp_bucket_bytes,
@@ -103,7 +103,7 @@ class Scaling:
 def measure_link(gradient_bytes: float) -> Link:
     sizes = [str(int(size)) for size in ddp_bucket_bytes(gradient_bytes)]
     with tempfile.TemporaryDirectory() as workdir:
-        out = torchrun(2, ["-m", "operator_scripts.measure_allreduce", "--bytes", *sizes], workdir)
+        out = torchrun(2, ["-m", "benchmarks.allreduce", "--bytes", *sizes], workdir)
     result = json.loads(out.strip().splitlines()[-1])
     return Link(result["latency_s"], result["bandwidth_bytes_s"], result["step_s"])
 
