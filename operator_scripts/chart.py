@@ -88,6 +88,7 @@ K8S_REFERENCE = ROOT / "k8s" / "reference-values.yaml"
 K8S_RELEASE, K8S_NAMESPACE = "ddp-run", "training"
 README = CHART_DIR / "README.md"
 VALUES_FILE, SCHEMA_FILE = CHART_DIR / "values.yaml", CHART_DIR / "values.schema.json"
+NUMERIC = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 TABLE_BEGIN, TABLE_END = "<!-- parameters:begin -->", "<!-- parameters:end -->"
 
 
@@ -159,7 +160,23 @@ def trainer_config_schema() -> dict[str, Any]:
             return [inline(item) for item in node]
         return node
 
-    return inline(schema)
+    return accept_set_strings(inline(schema))
+
+
+def accept_set_strings(node: Any) -> Any:
+    """Let a number also be a numeric string: Helm's `--set` parses integers and booleans
+    but leaves `lr=0.001` a string, which the trainer reads as the number it is. The
+    bounds then hold for numbers; for such strings, the render-time check and the pod's
+    own check apply them."""
+    if isinstance(node, list):
+        return [accept_set_strings(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = {key: accept_set_strings(value) for key, value in node.items()}
+    if node.get("type") == "number":
+        kept = {key: node.pop(key) for key in ("default", "description") if key in node}
+        return {"anyOf": [node, {"type": "string", "pattern": NUMERIC}], **kept}
+    return node
 
 
 def schema_files() -> dict[Path, str]:

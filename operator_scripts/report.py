@@ -69,7 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     records = read_history(args.history)
     if not records:
-        print(f"report: error: {args.history} holds no progress records", file=sys.stderr)
+        print(
+            f"report: error: {args.history} holds no progress records: give it metrics.history_file, "
+            "or rank 0's output of a run with log.format=json",
+            file=sys.stderr,
+        )
         return 2
     render(records, args.out, args.title or args.history.name)
     print(f"wrote {args.out} ({len(records)} points, steps {records[0]['step']}-{records[-1]['step']})")

@@ -128,6 +128,19 @@ def test_trainer_values_get_the_trainers_own_line_at_render(sets, line):
     assert str(refused.value).startswith(line)
 
 
+def test_helm_set_floats_pass_the_schema_as_the_trainer_reads_them():
+    """`--set` leaves 0.001 a string (Helm parses only integers and booleans); the schema lets
+    numeric strings through and the trainer reads them as numbers."""
+    values = merge_values(sets=["trainer.config.optim.lr=0.001,trainer.config.model.dropout=0.3"])
+    assert values["trainer"]["config"]["optim"]["lr"] == "0.001"
+    report = lint(str(CHART_DIR), values, strict=True, kube_version=f"v{K8S_VERSION}")
+    assert report["errors"] == [] and not [m for m in report["messages"] if m["severity"] >= 2]
+    (config_map,) = [
+        c for c in render(values).of_kind("ConfigMap") if c["metadata"]["name"].endswith("-config")
+    ]
+    assert from_tree(yaml.safe_load(config_map["data"]["config.yaml"])).optim.lr == 0.001
+
+
 @pytest.mark.parametrize(
     ("sets", "named"),
     [("trainer.config.train.epoch=3", "epoch"), ("trainer.config.train.batch_size=0", "batch_size")],
