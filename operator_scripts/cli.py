@@ -131,8 +131,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         print(f"ddp-ops {args.command}: error: {missing}", file=sys.stderr)
         return 2
-    from helm_python import HelmError
+    refusals: tuple[type[Exception], ...] = (ClusterError, ValuesError)
+    if importlib.util.find_spec("helm_python"):
+        from helm_python import HelmError
 
+        refusals += (HelmError,)
     try:
         if args.command == "render":
             rendered = _render(args)
@@ -159,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(Cluster().uninstall(args.release, args.namespace)))
         elif args.command == "local":
             return _local(args)
-    except (ClusterError, HelmError, ValuesError) as error:
+    except refusals as error:
         print(f"ddp-ops {args.command}: error: {error}".rstrip(), file=sys.stderr)
         return 2
     return 0

@@ -97,6 +97,19 @@ def test_every_bad_input_is_one_line_and_exit_2(command, argv, env, line, capsys
     assert line in captured.err
 
 
+def test_without_the_ops_extra_status_reaches_the_cluster_and_render_says_what_to_install(
+    capsys, monkeypatch, tmp_path
+):
+    monkeypatch.setitem(sys.modules, "helm_python", None)  # as after `pip install .`: absent
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    assert main(["status", "job"]) == 2
+    assert "KUBECONFIG=" in capsys.readouterr().err
+    assert main(["render"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ddp-ops render: error: needs Helm's engine: pip install 'ddp-trainer[ops]'")
+    assert len(err.splitlines()) == 1
+
+
 def test_render_and_dry_run_need_no_cluster(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
     assert main(["render", "--set", "gpus=16", "-n", "training"]) == 0
