@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import REPO, free_port, process_env
 from object_api import ObjectApi
-from replay_api import ReplayApi, write_kubeconfig
+from replay_api import ReplayApi
 
 from operator_scripts.cli import main
 from operator_scripts.cluster import format_status, summarize
@@ -176,7 +176,7 @@ CHART_KINDS = {"serviceaccounts", "configmaps", "pytorchjobs", "podmonitors", "p
 
 def test_submit_without_the_crd_says_what_is_missing(capsys, monkeypatch, tmp_path):
     with ObjectApi(served=CHART_KINDS - {"pytorchjobs"}) as api:
-        monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(api.url, tmp_path)))
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path)))
         code = main(["submit", "-n", "training"])
     err = capsys.readouterr().err
     assert code == 2 and "training operator v1.9.4 installed" in err and "Traceback" not in err
@@ -188,7 +188,7 @@ def test_submit_twice_updates_and_delete_removes_every_object_of_the_release(cap
     API server can run here): create, then update, then the release's objects all gone and
     another release's untouched."""
     with ObjectApi(served=CHART_KINDS) as api:
-        monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(api.url, tmp_path)))
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path)))
         assert main(["submit", "-n", "training", "--release", "other"]) == 0
         others = set(api.objects)
         assert main(["submit", "-n", "training"]) == 0

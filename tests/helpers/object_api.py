@@ -1,4 +1,4 @@
-"""A loopback HTTP server that keeps namespaced objects the way the Kubernetes API does for
+"""A loopback API server that keeps namespaced objects the way the Kubernetes API does for
 server-side apply, label-selected lists and deletes.
 
 No API server can run on this machine (no kube-apiserver or etcd binaries are reachable), so
@@ -12,31 +12,28 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-NOT_SERVED = "the server could not find the requested resource"
+from loopback_api import NOT_SERVED, LoopbackApi, status
 
 
-class ObjectApi:
+class ObjectApi(LoopbackApi):
     def __init__(self, served: set[str]) -> None:
         """`served`: the plurals the cluster knows (configmaps, pytorchjobs, ...)."""
+        super().__init__()
         self.served = served
         self.objects: dict[tuple[str, str, str], dict] = {}  # (namespace, plural, name) -> object
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status answered)
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def __enter__(self) -> ObjectApi:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
+    def answer(self, method: str, target: str, headers: Any, body: bytes) -> tuple[int, str | dict]:
+        url = urlsplit(target)
+        code, document = self._answer(method, url.path, parse_qs(url.query), headers, body)
+        self.requests.append((method, url.path, code))
+        return code, document
 
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def answer(self, method: str, path: str, query: dict[str, list[str]], headers, body: bytes):
+    def _answer(self, method: str, path: str, query: dict[str, list[str]], headers: Any, body: bytes):
         parts = path.strip("/").split("/")
         # /api/v1/namespaces/NS/PLURAL[/NAME] or /apis/GROUP/VERSION/namespaces/NS/PLURAL[/NAME]
         rest = parts[2:] if parts[0] == "api" else parts[3:]
@@ -68,39 +65,5 @@ class ObjectApi:
             if method == "DELETE" and name:
                 if self.objects.pop(key, None) is None:
                     return 404, status(404, "NotFound", f'{plural} "{name}" not found')
-                return 200, status(200, "", "", success=True)
+                return 200, status(200, "", "")
         return 405, status(405, "MethodNotAllowed", f"{method} {path}")
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-            def _answer(self) -> None:
-                url = urlsplit(self.path)
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                code, document = api.answer(self.command, url.path, parse_qs(url.query), self.headers, body)
-                api.requests.append((self.command, url.path, code))
-                payload = json.dumps(document).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            do_GET = do_PATCH = do_DELETE = do_POST = _answer
-
-        return Handler
-
-
-def status(code: int, reason: str, message: str, *, success: bool = False) -> dict:
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "status": "Success" if success else "Failure",
-        "reason": reason,
-        "message": message,
-        "code": code,
-    }
