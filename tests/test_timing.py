@@ -93,6 +93,51 @@ def test_split_of_a_window_nobody_timed_is_empty():
     assert split.step_seconds == 0 and split.data_share == 0 and split.slowest_rank == 0
 
 
+class StandInEvent:
+    """A stand-in for torch.cuda.Event on this CPU-only machine (no CUDA device can run
+    here): `record` stamps a time the test chooses, and the event counts as passed only once
+    the test says the "GPU" got there, as `query` and `synchronize` would tell."""
+
+    clock = 0.0
+    passed_until = 0.0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.stamp: float | None = None
+
+    def record(self) -> None:
+        self.stamp = StandInEvent.clock
+
+    def query(self) -> bool:
+        return self.stamp is not None and self.stamp <= StandInEvent.passed_until
+
+    def synchronize(self) -> None:
+        StandInEvent.passed_until = max(StandInEvent.passed_until, self.stamp)
+
+    def elapsed_time(self, end: StandInEvent) -> float:
+        assert self.query() and end.query(), "elapsed_time of an event the GPU has not passed"
+        return 1000 * (end.stamp - self.stamp)
+
+
+def test_cuda_clock_reads_only_steps_the_device_has_passed(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", StandInEvent)
+    StandInEvent.clock = StandInEvent.passed_until = 0.0
+    clock = CudaClock()
+    for _ in range(3):
+        for part, seconds in ((LOGGING, 0.001), (DATA, 0.002), (COMPUTE, 0.010), (COMMUNICATION, 0.003)):
+            StandInEvent.clock += seconds
+            clock.lap(part)
+        clock.end_step()
+    assert clock.resolved() == []  # the host queued three steps; the device has done none
+    StandInEvent.passed_until = 0.032 + 1e-9  # the device finished two
+    first, second = clock.resolved()
+    assert second == pytest.approx([0.002, 0.010, 0.003, 0.0, 0.001])
+    assert sum(first) == pytest.approx(0.016)
+    assert clock.resolved() == []
+    (third,) = clock.resolved(wait=True)  # the run's end waits for the rest
+    assert sum(third) == pytest.approx(0.016)
+
+
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_laps_are_device_time_read_without_waiting():
