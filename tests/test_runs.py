@@ -83,6 +83,7 @@ def test_python_m_trainer_runs_as_a_world_of_one(workdir):
     assert load_checkpoint(workdir / "checkpoints" / "digits")["progress"]["step"] == 12
 
 
+@pytest.mark.slow
 def test_progress_bar_only_on_a_terminal(workdir):
     args = [sys.executable, "-m", "trainer", *QUICK, "--set", "train.max_steps=8"]
     primary, secondary = pty.openpty()
@@ -106,6 +107,7 @@ def test_progress_bar_only_on_a_terminal(workdir):
     assert piped.returncode == 0 and "step/s" not in piped.stdout + piped.stderr
 
 
+@pytest.mark.slow
 def test_bf16_autocast_and_loader_workers_on_cpu(workdir):
     overrides = "train.amp=bf16,data.num_workers=2,train.max_steps=45,log.every_steps=45"
     completed = run_trainer(["--config", "digits", "--set", overrides], workdir)
@@ -231,6 +233,7 @@ def test_bad_config_under_torchrun_is_the_root_cause(workdir):
     assert list(workdir.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_incompatible_checkpoint_is_a_clear_error(workdir):
     first = run_trainer([*QUICK, "--set", "train.max_steps=5"], workdir)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -246,6 +249,7 @@ def test_incompatible_checkpoint_is_a_clear_error(workdir):
         assert sorted((workdir / "checkpoints" / "digits").rglob("*")) == saved
 
 
+@pytest.mark.slow
 def test_changed_settings_on_resume_are_applied_and_reported(workdir):
     first = run_trainer([*QUICK, "--set", "train.max_steps=5,log.format=json"], workdir)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -261,6 +265,7 @@ def test_changed_settings_on_resume_are_applied_and_reported(workdir):
     assert plan["total_steps"] == 8 and plan["lr"] == 0.004 * 32 / 64
 
 
+@pytest.mark.slow
 def test_early_stopping_ends_the_run_and_a_restart_only_tests(workdir):
     args = [*QUICK, "--set", "train.early_stopping.patience=1,train.early_stopping.min_delta=100"]
     first = run_trainer(args, workdir)
