@@ -414,6 +414,12 @@ def test_notes_say_how_to_follow_rank_zero():
         ("snapshots.everySteps=10", "11264Mi", 10, "at most 10 steps while any pod survives it"),
         ("shmSize=1Ti,snapshots.stateSize=512Mi,snapshots.everySteps=3", "1050112Mi", 3, "at most 3 steps"),
         ("snapshots.everySteps=0", "8Gi", 0, "up to 50 steps (the checkpoint"),
+        (  # 0 is a value, not "unset": NOTES must not show the default
+            "snapshots.everySteps=0,trainer.config.checkpoint.every_steps=0",
+            "8Gi",
+            0,
+            "the whole run (checkpoint.every_steps=0 saves only at the end) when every pod is lost",
+        ),
     ],
 )
 def test_dev_shm_is_sized_for_the_snapshots_and_notes_say_what_a_failure_costs(sets, limit, every, costs):
