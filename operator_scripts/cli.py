@@ -23,6 +23,8 @@ from operator_scripts.chart import ValuesError, merge_values, render
 from operator_scripts.cluster import Cluster, ClusterError, format_status
 from trainer.argparsing import OneLineParser, existing_file, positive_float
 
+HELM_COMMANDS = ("render", "submit", "local")
+
 
 def _chart_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -112,14 +114,6 @@ def _local(args: argparse.Namespace) -> int:
     return 0 if outcome.status == "Succeeded" else 1
 
 
-def _missing_package(command: str) -> str | None:
-    """What `command` needs that is not installed: Helm's engine (render, submit, local)
-    comes with the `ops` extra, being large."""
-    if command not in ("render", "submit", "local") or importlib.util.find_spec("helm_python"):
-        return None
-    return "needs Helm's engine: pip install 'ddp-trainer[ops]' (or -e '.[ops]' in a checkout)"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["estimate"]:
@@ -127,15 +121,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return estimate(argv[1:])
     args = build_parser().parse_args(argv)
-    missing = _missing_package(args.command)
-    if missing:
-        print(f"ddp-ops {args.command}: error: {missing}", file=sys.stderr)
-        return 2
     refusals: tuple[type[Exception], ...] = (ClusterError, ValuesError)
     if importlib.util.find_spec("helm_python"):
         from helm_python import HelmError
 
         refusals += (HelmError,)
+    elif args.command in HELM_COMMANDS:  # Helm's engine is the `ops` extra, being large
+        print(
+            f"ddp-ops {args.command}: error: needs Helm's engine: pip install 'ddp-trainer[ops]' "
+            "(or -e '.[ops]' in a checkout)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         if args.command == "render":
             rendered = _render(args)

@@ -148,17 +148,26 @@ class Cluster:
         except HTTPError as error:
             raise ClusterError(f"{what}: the cluster does not answer ({error.__class__.__name__})") from None
 
-    def _request(self, method: str, path: str, *, query: list[tuple[str, str]] | None = None, **kwargs: Any):
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str | None = None,
+        body: Any = None,
+    ):
         """One API request by path: (body, HTTP status, headers)."""
+        headers = {"Accept": "application/json"} | ({"Content-Type": content_type} if content_type else {})
         return self.client.call_api(
             path,
             method,
             query_params=query or [],
-            header_params={"Accept": "application/json", **kwargs.pop("headers", {})},
+            header_params=headers,
+            body=body,
             auth_settings=["BearerToken"],
             response_type="object",
             _return_http_data_only=False,
-            **kwargs,
         )
 
     def apply(self, item: dict[str, Any], namespace: str) -> str:
@@ -176,7 +185,7 @@ class Cluster:
                 "PATCH",
                 path,
                 query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
-                headers={"Content-Type": "application/apply-patch+yaml"},
+                content_type="application/apply-patch+yaml",
                 body=item,
             ),
         )

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import HELPERS
 
 from trainer.cli import main
 from trainer.config import ConfigError, bundled_config_names, dump_yaml, load_config, to_tree
@@ -70,6 +71,7 @@ def test_unknown_key_suggests_the_nearest():
         load_config(None, ["train.bach_size=3"])
 
 
+CONFIGS = HELPERS / "configs"
 BAD = [
     (["--set", "train.batch_size=0"], "train.batch_size=0", "greater than 0"),
     (["--set", "train.batch_size=-4"], "train.batch_size=-4", "greater than 0"),
@@ -91,6 +93,18 @@ BAD = [
     (["--set", "model.name=transformer"], "model.name='transformer'", "needs language_modeling data"),
     (["--config", "no-such-config"], "--config='no-such-config'", "bundled configs are: digits"),
     (["--set", "train..x=1"], "--set='train..x=1'", "empty key"),
+    (["--config", str(CONFIGS / "empty.yaml")], "empty.yaml'", "is empty; give it a section"),
+    (["--config", str(CONFIGS / "short-betas.yaml")], "optim.betas=[0.9]", "must be a list of 2 numbers"),
+    (
+        ["--set", "model.name=plugins:wrong_signature"],
+        "model.name='plugins:wrong_signature'",
+        "cannot be called as wrong_signature(config, spec): too many positional",
+    ),
+    (
+        ["--bogus"],
+        "python -m trainer: error: unrecognized arguments: --bogus",
+        "see python -m trainer --help",
+    ),
 ]
 
 
@@ -106,7 +120,11 @@ def test_bad_values_exit_2_with_one_line_and_touch_nothing(
     argv, named, allowed, capsys, workdir, monkeypatch
 ):
     monkeypatch.chdir(workdir)
-    assert main(argv) == 2
+    try:
+        code = main(argv)
+    except SystemExit as exit:  # argparse's own exit
+        code = exit.code
+    assert code == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1, captured.err

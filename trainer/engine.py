@@ -376,7 +376,7 @@ class Trainer:
 
     def _steps_left_in_epoch(self) -> int:
         """Full optimizer steps left in the sampler's epoch, at this world size."""
-        return len(self.sampler) // (self.config.train.batch_size * self.config.train.grad_accum_steps)
+        return len(self.sampler) // self.samples_per_rank
 
     def _plan(self) -> None:
         """The step the run will end at and its LR schedule, from where it stands at this world

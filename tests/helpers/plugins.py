@@ -63,6 +63,10 @@ def not_splits(config: DataConfig, seed: int) -> list:
     return [1, 2, 3]
 
 
+def wrong_signature(config: ModelConfig) -> nn.Module:  # the registry calls (config, spec)
+    return nn.Linear(64, 10)
+
+
 class SlowOnOneRank(nn.Module):
     """The linear model, with `delay_s` of extra work per forward on rank `rank` alone."""
 
