@@ -12,7 +12,7 @@ TEST_TOOLS := prometheus promtool kubectl unshare
 # trials under --standalone hung or failed to connect (shared/reference/FACTS.md)
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE := 1
 
-.PHONY: demo test test-quick gpu-check lint tools clean
+.PHONY: demo test test-quick gpu-check image image-e2e lint tools clean
 
 $(TRAINER): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,7 @@ test: $(INSTALLED) tools lint
 
 ## test-quick: everything but the multi-process runs marked slow
 test-quick: $(INSTALLED) tools lint
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -m "not slow and not image"
 
 tools:
 	@missing=""; for tool in $(TEST_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
@@ -43,6 +43,16 @@ tools:
 ## and a report; without CUDA, the CPU part and a line saying so
 gpu-check: $(INSTALLED)
 	$(BIN)/python -m benchmarks.gpu_check
+
+## image: the CUDA image, tagged as the chart's image; starts a private dockerd when none answers
+## and builds on a stand-in base when no registry does (README, "The image")
+image: $(INSTALLED)
+	$(BIN)/python -m operator_scripts.image
+
+## image-e2e: the chart's CPU job as containers of that image (ddp-ops local --runtime docker):
+## Succeeded, a SIGKILLed pod resumed, a metrics scrape, rank 0's docker logs; and a code change's layers
+image-e2e: $(INSTALLED)
+	$(BIN)/python -m operator_scripts.docker_engine -- $(BIN)/pytest -m image -p no:cacheprovider -s tests/test_image_e2e.py
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -5,13 +5,15 @@ ddp-ops submit  [-f VALUES] [--set K=V] [--release R] [-n NS] [--dry-run]   crea
 ddp-ops status  JOB [-n NS]        conditions, replicas, restarts, age, rank 0's pod
 ddp-ops logs    JOB [-n NS] [-f]   rank 0's pytorch container
 ddp-ops delete  RELEASE [-n NS]    every object submit made for the release (its labels)
-ddp-ops local   [-f VALUES] [--set K=V] [--workdir DIR] [--delay POD=SECONDS]   run the rendered job here
+ddp-ops local   [-f VALUES] [--set K=V] [--workdir DIR] [--delay POD=SECONDS] [--runtime docker]
+                                                                run the rendered job here
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import ipaddress
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -62,8 +64,22 @@ def build_parser() -> argparse.ArgumentParser:
     delete = commands.add_parser("delete", help="delete every object of a release, found by its labels")
     delete.add_argument("release", help="the release name given to submit (default there: ddp-run)")
     delete.add_argument("-n", "--namespace", default="default", help="namespace (default default)")
-    local = commands.add_parser("local", help="run the rendered job on this machine, pods as processes")
+    local = commands.add_parser(
+        "local", help="run the rendered job on this machine, pods as processes or containers"
+    )
     _chart_arguments(local)
+    local.add_argument(
+        "--runtime",
+        choices=["process", "docker"],
+        default="process",
+        help="process: each pod a process tree (default); docker: each pod a container of its image",
+    )
+    local.add_argument(
+        "--pod-subnet",
+        type=_subnet,
+        default="10.213.0.0/24",
+        help="docker: the pods' internal network; this machine is its first address (default %(default)s)",
+    )
     local.add_argument("--workdir", type=Path, help="folder for the pods' files (default: a temporary one)")
     local.add_argument(
         "--timeout", type=positive_float, default=3600, help="seconds before the job counts as failed"
@@ -82,6 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
         "estimate", help="predict speedup at N devices (ring all-reduce model)", add_help=False
     )
     return parser
+
+
+def _subnet(text: str) -> str:
+    try:
+        network = ipaddress.ip_network(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+    if network.num_addresses < 8:
+        raise argparse.ArgumentTypeError(f"{text!r}: too small for the pods; give a /24, e.g. 10.213.0.0/24")
+    return str(network)
 
 
 def _delay(text: str) -> tuple[str, float]:
@@ -104,14 +130,33 @@ def _local(args: argparse.Namespace) -> int:
 
     rendered = _render(args)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ddp-local-"))
+    options = {"timeout": args.timeout, "delays": dict(args.delay)}
     try:
-        outcome = run(rendered.objects, workdir, timeout=args.timeout, delays=dict(args.delay))
+        if args.runtime == "docker":
+            outcome = _local_in_docker(rendered, workdir, args.pod_subnet, options)
+        else:
+            outcome = run(rendered.objects, workdir, **options)
     except LocalError as error:
         print(f"ddp-ops local: error: {error}", file=sys.stderr)
         return 2
     print(f"pod logs under {workdir}", file=sys.stderr)
     print(outcome.summary(), flush=True)
     return 0 if outcome.status == "Succeeded" else 1
+
+
+def _local_in_docker(rendered, workdir: Path, subnet: str, options: dict):
+    """The job's pods as containers, with the engine that answers or a private one."""
+    from operator_scripts.docker_engine import EngineError, engine
+    from operator_scripts.docker_runtime import DockerRuntime
+    from operator_scripts.local import LocalError, run
+
+    job = rendered.one("PyTorchJob")["metadata"]["name"]
+    try:
+        with engine() as docker, DockerRuntime(docker, job, subnet) as runtime:
+            print(f"pods on {subnet}; this machine is {runtime.gateway} there", file=sys.stderr)
+            return run(rendered.objects, workdir, runtime=runtime, **options)
+    except EngineError as error:
+        raise LocalError(str(error)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

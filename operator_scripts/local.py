@@ -4,7 +4,12 @@ names that resolve only while their pod runs, volumes mapped to folders under th
 folder, restarts and re-creations by the job's restartPolicy, restarts summed against
 backoffLimit, success and clean-up as the operator decides them (`operator_status`).
 
-Local stand-ins, since there are no pods:
+Each pod's container runs in a `PodRuntime`: by default a process tree on this machine
+(`ProcessRuntime`), or, with `--runtime docker`, a container of the pod's image with the
+pod's user, capabilities and read-only root (`docker_runtime.DockerRuntime`). The operator
+and kubelet model is the same for both.
+
+Process stand-ins, since there are no pods:
 - a pod's network namespace is a loopback address (127.0.0.2, .3, ...); each pod runs in a
   UTS and mount namespace of its own (`unshare`) whose host name is the pod's name and
   whose /etc/hosts is the job's table of running pods (`pod_sandbox`), so that a pod's
@@ -32,7 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import yaml
 
@@ -57,6 +62,20 @@ class LocalError(Exception):
     """Why a local run cannot start, in one line."""
 
 
+class PodRuntime(Protocol):
+    """Where a pod's container runs. `launch` returns a process whose exit is the container's."""
+
+    # whether container paths become the pod's folders (in the environment, the arguments and
+    # the ConfigMap files), because the container shares this machine's file system
+    localizes_paths: bool
+
+    def address(self, index: int) -> str: ...
+    def check(self, pods: list[LocalPod], hosts: HostsTable) -> None: ...
+    def command(self, pod: LocalPod) -> list[str]: ...
+    def launch(self, pod: LocalPod, hosts: HostsTable, log: TextIO) -> subprocess.Popen: ...
+    def signal(self, pod: LocalPod, sig: int) -> None: ...
+
+
 @dataclass
 class LocalPod:
     """A pod's plan, its local process and what the kubelet and operator know of it."""
@@ -67,7 +86,8 @@ class LocalPod:
     env: dict[str, str]
     folder: Path
     empty_dirs: list[Path]
-    shm: Path | None = None  # the volume mounted at /dev/shm, bound there in the sandbox
+    mounts: dict[str, Path]  # mountPath -> the pod's folder for that volume
+    runtime: PodRuntime
     start_at: float = 0.0
     phase: Phase = "Pending"
     restarts: int = 0
@@ -114,10 +134,11 @@ class LocalOutcome:
 
 
 def _mounts(
-    plan: PodPlan, folder: Path, config_maps: dict[str, dict], shared: Path
+    plan: PodPlan, folder: Path, config_maps: dict[str, dict], shared: Path, localize: bool
 ) -> tuple[dict[str, Path], list[Path]]:
     """mountPath -> local folder for each volume of the pod (ConfigMaps written out, with
-    their mount paths localized), and the folders that are emptyDirs."""
+    their mount paths localized when asked), and the folders that are emptyDirs, which are
+    world-writable as the kubelet makes them (a non-root container writes there)."""
     volumes = {volume["name"]: volume for volume in plan.template["spec"].get("volumes", [])}
     mapped: dict[str, Path] = {}
     empty_dirs: list[Path] = []
@@ -131,12 +152,14 @@ def _mounts(
             if "emptyDir" in volume:
                 empty_dirs.append(target)
         target.mkdir(parents=True, exist_ok=True)
+        if "configMap" not in volume:
+            target.chmod(0o777)
         mapped[mount["mountPath"]] = target
         if "configMap" in volume:
             config_mounts.append((target, config_maps[volume["configMap"]["name"]]))
     for target, config_map in config_mounts:
         for key, text in config_map.get("data", {}).items():
-            (target / key).write_text(_localize_document(text, mapped))
+            (target / key).write_text(_localize_document(text, mapped) if localize else text)
     return mapped, empty_dirs
 
 
@@ -188,25 +211,31 @@ def _host_env(host_env: dict[str, str] | None) -> dict[str, str]:
 
 
 def prepare(
-    objects: list[dict[str, Any]], workdir: Path, host_env: dict[str, str] | None = None
+    objects: list[dict[str, Any]],
+    workdir: Path,
+    host_env: dict[str, str] | None = None,
+    runtime: PodRuntime | None = None,
 ) -> list[LocalPod]:
-    """Local pods for the rendered objects (one PyTorchJob and its ConfigMaps)."""
+    """Local pods for the rendered objects (one PyTorchJob and its ConfigMaps): the
+    container's command and environment (with the operator's variables) as the manifest
+    has them, and, for a process, as this machine runs them."""
+    runtime = runtime or ProcessRuntime()
     inherited = _host_env(host_env)
     (job,) = [item for item in objects if item.get("kind") == "PyTorchJob"]
     config_maps = {item["metadata"]["name"]: item for item in objects if item.get("kind") == "ConfigMap"}
     pods = []
     for index, plan in enumerate(plan_pods(job)):
         folder = workdir / plan.name
-        mounts, empty_dirs = _mounts(plan, folder, config_maps, workdir)
+        mounts, empty_dirs = _mounts(plan, folder, config_maps, workdir, runtime.localizes_paths)
         container = plan.container
-        env = {**inherited, **_container_env(container, inherited), **plan.env}
-        env = {key: _localize(value, mounts) for key, value in env.items()}
-        argv = [_localize(arg, mounts) for arg in [*container.get("command", []), *container.get("args", [])]]
-        if argv[0] in CONSOLE_SCRIPTS:  # the image's scripts are this interpreter's
-            argv = [sys.executable, "-m", CONSOLE_SCRIPTS[argv[0]], *argv[1:]]
-        address = f"127.0.0.{index + 2}"
-        argv += ["--set", f"metrics.address={address}"]
-        pods.append(LocalPod(plan, address, argv, env, folder, empty_dirs, mounts.get("/dev/shm")))
+        env = {**_container_env(container, inherited), **plan.env}
+        argv = [*container.get("command", []), *container.get("args", [])]
+        if runtime.localizes_paths:  # the process inherits this machine's environment, as an image's
+            env = {key: _localize(value, mounts) for key, value in {**inherited, **env}.items()}
+            argv = [_localize(arg, mounts) for arg in argv]
+        pod = LocalPod(plan, runtime.address(index), argv, env, folder, empty_dirs, mounts, runtime)
+        pod.command = runtime.command(pod)
+        pods.append(pod)
     return pods
 
 
@@ -251,6 +280,39 @@ def sandbox_command(hostname: str, hosts: HostsTable, shm: Path | None = None) -
     ]  # fmt: skip
 
 
+class ProcessRuntime:
+    """Each pod a process tree in namespaces of its own, on a loopback address."""
+
+    localizes_paths = True
+
+    def address(self, index: int) -> str:
+        return f"127.0.0.{index + 2}"
+
+    def check(self, pods: list[LocalPod], hosts: HostsTable) -> None:
+        check_sandbox(hosts)
+
+    def command(self, pod: LocalPod) -> list[str]:
+        """The image's console scripts are this interpreter's; metrics serve on the pod's address."""
+        argv = list(pod.command)
+        if argv[0] in CONSOLE_SCRIPTS:
+            argv = [sys.executable, "-m", CONSOLE_SCRIPTS[argv[0]], *argv[1:]]
+        return [*argv, "--set", f"metrics.address={pod.address}"]
+
+    def launch(self, pod: LocalPod, hosts: HostsTable, log: TextIO) -> subprocess.Popen:
+        cwd = pod.env.get("HOME") if Path(pod.env.get("HOME", "")).is_dir() else pod.folder
+        return subprocess.Popen(
+            [*sandbox_command(pod.name, hosts, pod.mounts.get("/dev/shm")), *pod.command],
+            env=pod.env,
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def signal(self, pod: LocalPod, sig: int) -> None:
+        signal_tree(pod.process.pid, sig)
+
+
 def check_sandbox(hosts: HostsTable) -> None:
     """Fail in one line, before any pod starts, where namespaces cannot be made."""
     if shutil.which("unshare") is None:
@@ -272,16 +334,8 @@ def check_sandbox(hosts: HostsTable) -> None:
 def _start(pod: LocalPod, hosts: HostsTable) -> None:
     pod.folder.mkdir(parents=True, exist_ok=True)
     pod.log = open(pod.log_path, "a")  # noqa: SIM115  (closed when the container ends)
-    cwd = pod.env.get("HOME") if Path(pod.env.get("HOME", "")).is_dir() else pod.folder
     hosts.set(pod.name, pod.address)
-    pod.process = subprocess.Popen(
-        [*sandbox_command(pod.name, hosts, pod.shm), *pod.command],
-        env=pod.env,
-        cwd=cwd,
-        stdout=pod.log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    pod.process = pod.runtime.launch(pod, hosts, pod.log)
     pod.phase, pod.restart_at = "Running", None
 
 
@@ -332,6 +386,7 @@ def _advance(pod: LocalPod, hosts: HostsTable, now: float, notify: Callable[[str
         for folder in pod.empty_dirs:  # a new pod gets new emptyDirs
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
+            folder.chmod(0o777)
         notify(f"pod {pod.name} exited with code {code} (retryable); the operator re-creates it")
     elif action == "succeeded":
         pod.phase = "Succeeded"
@@ -365,16 +420,17 @@ def run(
     notify: Callable[[str], None] = lambda line: print(f"local: {line}", file=sys.stderr, flush=True),
     on_tick: Callable[[list[LocalPod]], None] | None = None,
     host_env: dict[str, str] | None = None,
+    runtime: PodRuntime | None = None,
 ) -> LocalOutcome:
     """Run the job until the operator would call it Succeeded or Failed, apply its
     cleanPodPolicy, stop whatever still runs, and report."""
     (job,) = [with_defaults(item) for item in objects if item.get("kind") == "PyTorchJob"]
     run_policy = job["spec"]["runPolicy"]
     workdir.mkdir(parents=True, exist_ok=True)
-    pods = prepare(objects, workdir, host_env)
+    pods = prepare(objects, workdir, host_env, runtime)
     start_delays = resolve_delays(job["metadata"]["name"], pods, delays or {})
     hosts = HostsTable(workdir / "etc-hosts")
-    check_sandbox(hosts)
+    pods[0].runtime.check(pods, hosts)
     rank0 = next(p for p in pods if "training.kubeflow.org/job-role" in p.plan.labels)
     stop = threading.Event()
     follower = None
@@ -448,7 +504,7 @@ def run(
 def kill_pod(pod: LocalPod, sig: int = signal.SIGKILL) -> None:
     """Signal every process of the pod, as a container's end does."""
     if pod.process is not None:
-        signal_tree(pod.process.pid, sig)
+        pod.runtime.signal(pod, sig)
 
 
 def _stop(pod: LocalPod) -> None:

@@ -1,0 +1,152 @@
+"""`make image`: build the trainer's image with the engine that answers, or a private one.
+
+The base is the Dockerfile's BASE_IMAGE when the engine has it or can pull it. Where no
+registry answers, a stand-in is made once and kept: Debian bookworm's own python3 (3.11,
+the CPython the image's lock is resolved for) from `mmdebstrap`, imported as
+`ddp-trainer-base:standin-bookworm`. The build gets the CA bundle named by PIP_CERT (or
+--ca) as a secret, for pip behind a TLS-intercepting proxy; nothing of it stays in the image.
+
+    python -m operator_scripts.image [--tag TAG] [--base IMAGE] [--ca FILE]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomllib
+
+from operator_scripts.docker_engine import Engine, EngineError, engine
+from trainer.argparsing import OneLineParser, existing_file
+
+REPO = Path(__file__).resolve().parent.parent
+STANDIN = "ddp-trainer-base:standin-bookworm"
+STANDIN_PACKAGES = "python3,python3-venv,python3-pip,ca-certificates,netbase,tzdata"
+
+
+def default_tag() -> str:
+    """The chart's default image (values.yaml's repository, the chart's appVersion), so the
+    rendered job names this build."""
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    return f"ghcr.io/ddp-trainer/ddp-trainer:{version}"
+
+
+def dockerfile_base() -> str:
+    """The Dockerfile's default BASE_IMAGE."""
+    (base,) = re.findall(r"^ARG BASE_IMAGE=(\S+)$", (REPO / "Dockerfile").read_text(), re.MULTILINE)
+    return base
+
+
+def default_ca() -> Path | None:
+    """The CA bundle pip on this machine trusts (PIP_CERT), for pip inside the build."""
+    path = os.environ.get("PIP_CERT")
+    return Path(path) if path and Path(path).is_file() else None
+
+
+@dataclass(frozen=True)
+class Base:
+    image: str
+    why: str
+
+
+def make_standin(docker: Engine) -> None:
+    """Debian bookworm (minbase) with python3, imported as an image: about 20 s, 240 MB."""
+    if os.geteuid() != 0 or shutil.which("mmdebstrap") is None:
+        raise EngineError(
+            "cannot pull the base image and cannot make a stand-in: that needs root and mmdebstrap "
+            "(apt-get install mmdebstrap), or give --base IMAGE"
+        )
+    debootstrap = subprocess.Popen(
+        ["mmdebstrap", "--quiet", "--variant=minbase", f"--include={STANDIN_PACKAGES}", "bookworm", "-"],
+        stdout=subprocess.PIPE,
+    )
+    imported = subprocess.run(
+        [docker.cli, "import", "-", STANDIN], stdin=debootstrap.stdout, env=docker.env, capture_output=True
+    )
+    debootstrap.stdout.close()
+    if debootstrap.wait() != 0 or imported.returncode != 0:
+        raise EngineError(f"making the stand-in base failed: {imported.stderr.decode().strip()[-200:]}")
+
+
+def choose_base(docker: Engine, requested: str | None) -> Base:
+    """The base to build on: as asked, the Dockerfile's if present or pullable, else the stand-in."""
+    if requested:
+        return Base(requested, "given with --base")
+    wanted = dockerfile_base()
+    if docker.run("image", "inspect", wanted, check=False).returncode == 0:
+        return Base(wanted, "the Dockerfile's, already in the engine")
+    pulled = docker.run("pull", "--quiet", wanted, check=False, timeout=1800)
+    if pulled.returncode == 0:
+        return Base(wanted, "the Dockerfile's, pulled")
+    reason = (pulled.stderr.strip().splitlines() or ["no answer"])[-1]
+    print(f"image: cannot pull {wanted.split('@')[0]} ({reason[:120]}); using a stand-in", flush=True)
+    if docker.run("image", "inspect", STANDIN, check=False).returncode != 0:
+        print(f"image: making {STANDIN} with mmdebstrap (Debian bookworm, python3 3.11)", flush=True)
+        make_standin(docker)
+    return Base(STANDIN, "stand-in: Debian bookworm's python3 3.11, as no registry answered")
+
+
+def build(docker: Engine, tag: str, base: Base, ca: Path | None, context: Path = REPO) -> None:
+    """docker build, its output streamed; builds run on the host's network (the private
+    engine has no bridge), and the CA bundle goes in as the `pip_ca` secret."""
+    command = [docker.cli, "build", "--network", "host", "--tag", tag]
+    command += ["--build-arg", f"BASE_IMAGE={base.image}"]
+    if ca is not None:
+        command += ["--secret", f"id=pip_ca,src={ca}"]
+    if subprocess.run([*command, str(context)], env=docker.env).returncode != 0:
+        raise EngineError(f"docker build of {tag} failed (its output is above)")
+
+
+def layer_sizes(docker: Engine, tag: str) -> list[tuple[int, str]]:
+    """(bytes, instruction) of each history entry, oldest first."""
+    row = "{{.Size}}\t{{.CreatedBy}}"
+    history = docker.run("history", "--no-trunc", "--human=false", "--format", row, tag)
+    rows = [line.partition("\t") for line in history.stdout.splitlines() if line.strip()]
+    return [(int(size), created_by) for size, _, created_by in reversed(rows)]
+
+
+def describe(docker: Engine, tag: str) -> list[str]:
+    """The image's size and its three largest layers, as the build's last lines."""
+    size = int(docker.run("image", "inspect", "--format", "{{.Size}}", tag).stdout)
+    layers = docker.run("image", "inspect", "--format", "{{len .RootFS.Layers}}", tag).stdout.strip()
+    lines = [f"image: {tag}, {size / 1e9:.2f} GB in {layers} layers; the largest:"]
+    for size_bytes, created_by in sorted(layer_sizes(docker, tag), reverse=True)[:3]:
+        # "RUN |2 A=1 B=2 /bin/sh -c pip ..." -> "pip ..."
+        step = re.sub(r"^(RUN )?(\|\d+ (\S+=\S* )*)?/bin/sh -c ", "", created_by)
+        step = re.sub(r"\s+", " ", step)[:90] or "the base image"
+        lines.append(f"  {size_bytes / 1e6:9.1f} MB  {step}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = OneLineParser(prog="image", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tag", default=default_tag(), help="default: %(default)s (the chart's image)")
+    parser.add_argument("--base", help="build on this image rather than the Dockerfile's BASE_IMAGE")
+    parser.add_argument(
+        "--ca",
+        type=existing_file,
+        default=default_ca(),
+        help="CA bundle for pip inside the build (default: $PIP_CERT when it names a file)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        with engine() as docker:
+            if docker.private:
+                print("image: no Docker engine answered; started a private dockerd (stopped at the end)")
+            base = choose_base(docker, args.base)
+            print(f"image: base {base.image} ({base.why})", flush=True)
+            build(docker, args.tag, base, args.ca)
+            print("\n".join(describe(docker, args.tag)))
+            print(f"image: built {args.tag} on {base.image}")
+    except EngineError as error:
+        print(f"image: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""The real image, run as the chart's pods (`make image-e2e`, after `make image`).
+
+Marked `image`: `make test` leaves them out; `make image-e2e` runs them with a Docker engine
+(the one that answers, or a private dockerd it starts and stops). Nothing here is mocked:
+real containers of the built image on an internal Docker network, moto's S3 on the
+machine's address on that network, the trainer's metrics scraped over HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import urllib.request
+
+import pytest
+from conftest import REPO
+
+from operator_scripts.chart import merge_values, render
+from operator_scripts.docker_engine import Engine, building_cli
+from operator_scripts.docker_runtime import DockerRuntime, engine_environment_is_clean
+from operator_scripts.image import REPO as IMAGE_CONTEXT
+from operator_scripts.image import build, choose_base, default_ca, default_tag
+from operator_scripts.local import LocalPod, kill_pod, run
+
+pytestmark = pytest.mark.image
+
+CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"
+
+
+@pytest.fixture(scope="module")
+def docker() -> Engine:
+    """The engine `make image-e2e` started or found, holding the image `make image` built."""
+    engine = Engine(os.environ.get("DDP_DOCKER_CLI") or building_cli(), dict(os.environ), private=False)
+    if engine.run("version", check=False).returncode != 0:
+        pytest.fail("no Docker engine answers: run these with `make image-e2e`")
+    if engine.run("image", "inspect", default_tag(), check=False).returncode != 0:
+        pytest.fail(f"{default_tag()} is not in the engine: run `make image` first")
+    return engine
+
+
+def snapshot_steps(pod: LocalPod) -> list[int]:
+    """Steps of the snapshots in a pod's own /dev/shm (an emptyDir folder on this machine)."""
+    return sorted(int(path.name[5:]) for path in (pod.folder / "volumes" / "dshm").rglob("step-*"))
+
+
+def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metrics(docker, tmp_path):
+    """The CPU job of helm/ci/cpu-values.yaml, two pods as containers of the image with the
+    manifest's user, read-only root, dropped capabilities and volumes; checkpoints to S3.
+    worker-1's container is SIGKILLed mid-run: the operator re-creates the pod, the job
+    resumes from worker-0's snapshot and succeeds. Metrics are scraped from a container and
+    rank 0's log is read with `docker logs`."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+
+    release, prefix, max_steps = "e2e", "image-e2e", 150  # 8 of the chart's 10 epochs
+    job_name = f"{release}-ddp-trainer"
+    with DockerRuntime(docker, job_name) as runtime:
+        s3 = ThreadedMotoServer(ip_address=runtime.gateway, port=0, verbose=False)
+        s3.start()
+        try:
+            host, port = s3.get_host_and_port()
+            endpoint = f"http://{host}:{port}"
+            import boto3
+
+            client = boto3.client(
+                "s3", endpoint_url=endpoint, region_name="us-east-1",
+                aws_access_key_id="testing", aws_secret_access_key="testing",
+            )  # fmt: skip
+            client.create_bucket(Bucket="e2e")
+            values = merge_values(
+                files=[CPU_VALUES],
+                sets=[
+                    f"checkpoints.s3.bucket=e2e,checkpoints.s3.prefix={prefix},checkpoints.s3.endpoint={endpoint},"
+                    "checkpoints.s3.region=us-east-1,checkpoints.s3.existingSecret=s3-keys",
+                    f"trainer.config.train.max_steps={max_steps},trainer.config.checkpoint.every_steps=1000,"
+                    "trainer.config.log.every_steps=10",
+                ],
+            )
+            rendered = render(values, release=release, namespace="training")
+            secrets = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+            scraped: list[str] = []
+            killed: list[str] = []
+
+            def kill_then_scrape(pods: list[LocalPod]) -> None:
+                worker_1, step = pods[1], max(snapshot_steps(pods[1]), default=0)
+                if not killed and step >= 40:
+                    kill_pod(worker_1)
+                    killed.append(worker_1.name)
+                elif killed and not scraped and step >= 60:  # resumed, and past a progress line
+                    with urllib.request.urlopen(f"http://{pods[0].address}:9401/metrics", timeout=5) as reply:
+                        scraped.append(reply.read().decode())
+
+            lines: list[str] = []
+            outcome = run(
+                rendered.objects,
+                tmp_path / "pods",
+                timeout=420,
+                stream=lines.append,
+                on_tick=kill_then_scrape,
+                host_env=secrets,
+                runtime=runtime,
+            )
+            rank0_log = runtime.logs(f"{job_name}-worker-0")
+            latest = client.get_object(Bucket="e2e", Key=f"{prefix}/latest.json")["Body"].read().decode()
+        finally:
+            s3.stop()
+
+    print(f"\n{outcome.summary()}")
+    logs = {name: path.read_text() for name, path in outcome.logs.items()}
+    assert outcome.status == "Succeeded", {name: text[-2000:] for name, text in logs.items()}
+    assert killed == [f"{job_name}-worker-1"] and (outcome.recreations, outcome.restarts) == (1, 0)
+
+    resumed = re.findall(r"resumed from step (\d+) \(snapshot on [\w-]+, (\d+) steps? lost\)", rank0_log)
+    print("rank 0 after the kill:", *[f"resumed from step {step} ({lost} lost)" for step, lost in resumed])
+    assert len(resumed) == 1 and int(resumed[0][0]) >= 40 and int(resumed[0][1]) <= 5, resumed
+    assert f'"step": {max_steps}' in latest, latest
+
+    (metrics,) = scraped
+    samples = [line for line in metrics.splitlines() if line.startswith("ddp_train_steps_total")]
+    print("scraped from the rank-0 container:", *samples)
+    assert len(samples) == 1 and 'rank="0"' in samples[0] and float(samples[0].split()[-1]) >= 50
+
+    print("docker logs of the rank-0 pod (last lines):", *rank0_log.strip().splitlines()[-4:], sep="\n  ")
+    assert "done: " in rank0_log and "world size 2 (2 nodes x 1 process)" in rank0_log
+    assert "world size 2 (2 nodes x 1 process)" in "\n".join(lines)  # the same log, streamed
+    assert engine_environment_is_clean(docker, runtime.network)
+
+
+def test_a_code_change_rebuilds_under_5_mb_of_layers(docker, tmp_path):
+    """A line changed in trainer/ rebuilds only the project's layer: the 5 GB of packages
+    and the base are reused, as pushing and pulling onto every node would."""
+    context = tmp_path / "context"
+    context.mkdir()
+    let_in = [
+        line[1:].rstrip("/")
+        for line in (IMAGE_CONTEXT / ".dockerignore").read_text().split()
+        if line[0] == "!"
+    ]
+    for name in ["Dockerfile", ".dockerignore", *let_in]:  # what .dockerignore lets into the context
+        source = IMAGE_CONTEXT / name
+        if source.is_dir():
+            shutil.copytree(source, context / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, context / name)
+    with open(context / "trainer" / "__init__.py", "a") as handle:
+        handle.write("# a one-line change\n")
+    tag = "ddp-trainer:code-change"
+    build(docker, tag, choose_base(docker, None), default_ca(), context=context)
+    try:
+        before, after = history(docker, default_tag()), history(docker, tag)
+        assert len(before) == len(after)
+        rebuilt = [
+            (size, step)
+            for (created, size, step), old in zip(after, before, strict=True)
+            if created != old[0]
+        ]
+        new_bytes = sum(size for size, _ in rebuilt)
+        print(f"\nrebuilt after a code change: {new_bytes / 1e6:.2f} MB in {len(rebuilt)} history entries")
+        assert new_bytes < 5e6, rebuilt
+        layers_before, layers_after = layer_ids(docker, default_tag()), layer_ids(docker, tag)
+        assert layers_before[:3] == layers_after[:3]  # base, user, packages: shared
+        assert layers_before != layers_after  # and the project's layer did change
+    finally:
+        docker.run("rmi", tag, check=False)
+
+
+def history(docker: Engine, tag: str) -> list[tuple[str, int, str]]:
+    """(created, bytes, instruction) per history entry, oldest first; a cached step keeps
+    its creation time, a rebuilt one gets the build's."""
+    rows = docker.run(
+        "history", "--no-trunc", "--human=false", "--format", "{{.CreatedAt}}\t{{.Size}}\t{{.CreatedBy}}", tag
+    ).stdout.splitlines()
+    parsed = [row.split("\t", 2) for row in rows if row.strip()]
+    return [(created, int(size), step) for created, size, step in reversed(parsed)]
+
+
+def layer_ids(docker: Engine, tag: str) -> list[str]:
+    return docker.run("image", "inspect", "--format", '{{join .RootFS.Layers " "}}', tag).stdout.split()
