@@ -121,7 +121,8 @@ def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metri
     (metrics,) = scraped
     samples = [line for line in metrics.splitlines() if line.startswith("ddp_train_steps_total")]
     print("scraped from the rank-0 container:", *samples)
-    assert len(samples) == 1 and 'rank="0"' in samples[0] and float(samples[0].split()[-1]) >= 50
+    # a counter of the process that resumed: the steps it ran since
+    assert len(samples) == 1 and 'rank="0"' in samples[0] and float(samples[0].split()[-1]) > 0
 
     print("docker logs of the rank-0 pod (last lines):", *rank0_log.strip().splitlines()[-4:], sep="\n  ")
     assert "done: " in rank0_log and "world size 2 (2 nodes x 1 process)" in rank0_log

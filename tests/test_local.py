@@ -13,7 +13,9 @@ import torch
 from conftest import HELPERS, REPO, free_port, load_checkpoint, process_env, run_torchrun
 
 from operator_scripts.chart import merge_values, render
-from operator_scripts.local import kill_pod, run
+from operator_scripts.docker_engine import Engine
+from operator_scripts.docker_runtime import DockerRuntime
+from operator_scripts.local import HostsTable, kill_pod, prepare, run
 from operator_scripts.operator_env import injected_env, plan_pods, rank0_selector
 
 CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"
@@ -225,3 +227,46 @@ def test_master_and_worker_mode_runs_locally(tmp_path):
     assert outcome.status == "Succeeded", {k: v.read_text()[-2000:] for k, v in outcome.logs.items()}
     assert list(outcome.exit_codes) == ["fixed-run-ddp-trainer-master-0", "fixed-run-ddp-trainer-worker-0"]
     assert any("world size 2 (2 nodes x 1 process)" in line for line in lines)
+
+
+def test_the_docker_runtime_runs_each_pod_as_its_manifest_says(tmp_path):
+    """The `docker run` of a pod, composed from the rendered manifest (only composed here:
+    tests/test_image_e2e.py runs it): the pod's name, address, user, groups, read-only root,
+    capabilities, limits and volumes; the Secret's value reaches it by name, never as text."""
+    values = merge_values(
+        files=[CPU_VALUES], sets=["checkpoints.s3.bucket=b,checkpoints.s3.existingSecret=s3-keys"]
+    )
+    rendered = render(values, release="ddp-run", namespace="training")
+    runtime = DockerRuntime(Engine("docker", {}, private=False), "ddp-run-ddp-trainer")
+    secrets = {"AWS_ACCESS_KEY_ID": "key-id", "AWS_SECRET_ACCESS_KEY": "s3cr3t"}
+    pods = prepare(rendered.objects, tmp_path, host_env=secrets, runtime=runtime)
+    hosts = HostsTable(tmp_path / "etc-hosts")
+    argv = runtime.docker_run(pods[1], hosts)
+    container = pods[1].plan.container
+    image_at = argv.index(container["image"])
+    options, command = argv[1:image_at], argv[image_at + 1 :]
+
+    def values_of(flag: str) -> list[str]:
+        return [options[i + 1] for i, option in enumerate(options) if option == flag]
+
+    assert values_of("--hostname") == values_of("--name") == [pods[1].name]
+    assert values_of("--ip") == ["10.213.0.3"] and values_of("--network") == [runtime.network]
+    assert values_of("--user") == ["10001:10001"] and values_of("--group-add") == ["10001"]
+    assert "--read-only" in options and values_of("--cap-drop") == ["ALL"] and not values_of("--cap-add")
+    assert values_of("--security-opt") == ["no-new-privileges"]
+    assert values_of("--memory") == [str(4 * 2**30)]
+    mounts = {}
+    for spec in values_of("--mount"):
+        fields = dict(part.split("=") for part in spec.split(",") if "=" in part)
+        mounts[fields["target"]] = spec
+    assert set(mounts) == {"/etc/hosts", "/etc/nsswitch.conf", "/etc/ddp-trainer", "/dev/shm", "/tmp"}
+    assert {target for target, spec in mounts.items() if spec.endswith(",readonly")} == {
+        "/etc/hosts", "/etc/nsswitch.conf", "/etc/ddp-trainer"
+    }  # fmt: skip
+    assert f"source={hosts.path}," in mounts["/etc/hosts"] and f"source={pods[1].folder}/" in mounts["/tmp"]
+    assert values_of("--entrypoint") == container["command"][:1]
+    assert command == [*container["command"][1:], *container["args"]]  # the manifest's, unchanged
+    assert "AWS_SECRET_ACCESS_KEY" in values_of("--env") and "s3cr3t" not in " ".join(argv)
+    assert pods[1].env["AWS_SECRET_ACCESS_KEY"] == "s3cr3t" and pods[1].env["PET_NNODES"] == "2:2"
+    config = (pods[1].folder / "volumes" / "config" / "config.yaml").read_text()
+    assert "/checkpoints" in config  # container paths stay as they are inside a container
