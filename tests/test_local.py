@@ -269,4 +269,4 @@ def test_the_docker_runtime_runs_each_pod_as_its_manifest_says(tmp_path):
     assert "AWS_SECRET_ACCESS_KEY" in values_of("--env") and "s3cr3t" not in " ".join(argv)
     assert pods[1].env["AWS_SECRET_ACCESS_KEY"] == "s3cr3t" and pods[1].env["PET_NNODES"] == "2:2"
     config = (pods[1].folder / "volumes" / "config" / "config.yaml").read_text()
-    assert "/checkpoints" in config  # container paths stay as they are inside a container
+    assert "snapshot_dir: /dev/shm/" in config  # container paths stay as they are in a container
