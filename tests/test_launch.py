@@ -95,7 +95,21 @@ def test_a_pods_name_resolves_only_while_it_is_in_the_table(hosts):
     assert hostname.stdout.strip() == "job-worker-1"
 
 
+def test_a_host_whose_own_name_does_not_resolve_exits_2_in_one_line(hosts, tmp_path):
+    """As a container run with --network none and no /etc/hosts entry: torchrun would retry
+    its own name for 300 s; the launcher says so at once."""
+    started = time.monotonic()
+    done = launch(
+        "--", "--standalone", *TRAINER, env={"HOME": str(tmp_path)},
+        prefix=sandbox_command("nameless", hosts), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("ddp-launch: error: this host's name 'nameless' does not resolve")
+    assert time.monotonic() - started < 30
+
+
 def test_a_pod_waits_for_the_host_in_one_line_then_gives_up(hosts, tmp_path):
+    hosts.set("job-worker-1", "127.0.0.3")  # its own name, as the kubelet's /etc/hosts has it
     done = launch(
         "--rendezvous-wait", "2", "--", *TRAINER,
         env={"PET_RDZV_ENDPOINT": "job-worker-0:23456", "PET_NNODES": "2:2", "HOME": str(tmp_path)},

@@ -17,6 +17,9 @@ On a cluster three things go wrong with torchrun alone, and this wrapper owns th
   ExitCode do not count against backoffLimit (each new pod starts at restartCount 0), so the
   bound is here: after a failed torchrun the wrapper waits for the host again and starts a
   new torchrun, at most `--relaunches` times, then exits 1 (permanent).
+- torchrun resolves this host's own name (it publishes it to the peers); where that name is
+  in no table (a container run with `--network none` and no /etc/hosts entry) it retries
+  for 300 s. That is checked first too: one line, exit 2.
 SIGTERM and SIGINT go to torchrun once, as SIGTERM; it forwards it to the workers, which
 stop together and save (trainer/preemption.py). The exit code is then 128 + the signal
 (143 after SIGTERM: retryable), and torchrun's own traceback about the signal is left out.
@@ -106,6 +109,19 @@ def rendezvous_host(torchrun_args: Sequence[str], env: dict[str, str]) -> tuple[
     master = _option(torchrun_args, ["--master-addr"]) or env.get("PET_MASTER_ADDR")
     if master and node_rank != "0" and not _is_this_host(master):
         return master, _option(torchrun_args, ["--master-port"]) or env.get("PET_MASTER_PORT", "29500")
+    return None
+
+
+def own_name_problem() -> str | None:
+    """Why torchrun could not resolve this host's name, or None when it can."""
+    name = socket.gethostname()
+    try:
+        socket.getaddrinfo(name, None)
+    except OSError:
+        return (
+            f"this host's name {name!r} does not resolve (no /etc/hosts entry, no DNS) and torchrun "
+            "needs it: give the container one (docker run --hostname trainer --add-host trainer:127.0.0.1)"
+        )
     return None
 
 
@@ -236,6 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         open_store(config.checkpoint).prepare()
     except ConfigError as error:
         print(f"{ERROR_PREFIX}{error}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG_ERROR
+    if problem := own_name_problem():
+        print(f"ddp-launch: error: {problem}", file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR
     for sig in (signal.SIGTERM, signal.SIGINT):  # while waiting: leave at once
         signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
