@@ -1,6 +1,9 @@
 """What the trainer reads from torchrun's environment."""
 
-from trainer.distributed import read_env
+import pytest
+import torch.distributed as dist
+
+from trainer.distributed import peer_lost, read_env
 
 
 def test_without_torchrun_it_is_a_world_of_one():
@@ -28,3 +31,22 @@ def test_reads_what_torchrun_sets_for_a_multi_node_job():
     assert (context.rank, context.local_rank, context.world_size) == (9, 1, 16)
     assert (context.node_rank, context.num_nodes, context.restart_count) == (1, 2, 3)
     assert context.run_id == "ddp-run-7f3a" and not context.is_main and not context.is_node_main
+
+
+GLOO_PATH = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+GLOO_LOST = "Connection closed by peer [10.213.0.3]:23688. This is typically caused by a remote worker ..."
+NCCL_ABORTED = "NCCL communicator was aborted on rank 3."
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (RuntimeError(GLOO_PATH + GLOO_LOST), GLOO_LOST),
+        (dist.DistBackendError(NCCL_ABORTED), NCCL_ABORTED),
+        (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 5x6)"), None),
+    ],
+)
+def test_a_lost_peer_is_told_apart_from_a_bug(error, reason):
+    """A collective that failed because another rank went away is one line (torchrun restarts
+    the workers); any other error keeps its traceback."""
+    assert peer_lost(error) == reason

@@ -116,6 +116,8 @@ def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapsh
         "".join(logs.values()),
     )
     assert len(resumed) == 1 and int(resumed[0][0]) >= 20 and int(resumed[0][1]) <= 5, resumed
+    survivor = logs["ddp-run-ddp-trainer-worker-0"]  # one line for the lost peer, no traceback
+    assert survivor.count("rank 0 lost a peer (") == 1 and "Traceback" not in survivor, survivor[-3000:]
     assert any("world size 2 (2 nodes x 1 process)" in line for line in lines)  # rank 0 streamed
     assert s3_bucket.latest_step(prefix) == 60
 

@@ -21,7 +21,14 @@ from trainer.checkpoint import Checkpointer, open_store, rng
 from trainer.checkpoint.writer import spawn_writer
 from trainer.config import CheckpointConfig, Config, ConfigError, bundled_config_names, dump_yaml, load_config
 from trainer.data import DATASETS, build_data
-from trainer.distributed import DistContext, cuda_available, process_group, read_env, select_device
+from trainer.distributed import (
+    DistContext,
+    cuda_available,
+    peer_lost,
+    process_group,
+    read_env,
+    select_device,
+)
 from trainer.engine import Trainer, steps_per_epoch
 from trainer.log import setup_logging
 from trainer.metrics import prepare_multiprocess_dir, start_metrics
@@ -29,6 +36,7 @@ from trainer.models import MODELS, build_model
 from trainer.preemption import Stopped, StopSignal
 
 EXIT_CONFIG_ERROR = 2
+EXIT_PEER_LOST = 1  # any failure: torchrun restarts the workers while it has restarts left
 # set by `ddp-launch`: a configuration error found inside a worker is written here, so that
 # the launcher stops torchrun at once instead of letting it retry what cannot succeed
 FATAL_FILE_ENV = "TRAINER_FATAL_FILE"
@@ -178,6 +186,14 @@ def _train(
                 return report(error, context)
             except Stopped as stopped:  # every rank stopped together: leave together
                 return stopped.exit_code
+    except RuntimeError as error:  # DistError is one; outside the group, which a lost peer cannot close
+        if (reason := peer_lost(error)) is None:
+            raise
+        logger.error(
+            f"rank {context.rank} lost a peer ({reason[:160]}); torchrun restarts the workers "
+            "and they resume from the newest snapshot or checkpoint"
+        )
+        return EXIT_PEER_LOST
     finally:
         metrics.close()
     return 0

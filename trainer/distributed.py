@@ -102,6 +102,26 @@ def process_group(context: DistContext, device: torch.device, timeout_s: float) 
     dist.destroy_process_group()
 
 
+# what gloo and NCCL say when a collective's peer process is gone (a killed pod, a lost node)
+PEER_LOST_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "remote worker",
+    "NCCL communicator was aborted",
+)
+
+
+def peer_lost(error: BaseException) -> str | None:
+    """The one-line reason when `error` is a collective failing because another rank went
+    away, else None. torchrun then restarts the workers; a traceback would say nothing more."""
+    text = str(error).strip()
+    if not (isinstance(error, dist.DistError) or any(marker in text for marker in PEER_LOST_MARKERS)):
+        return None
+    first_line = text.splitlines()[0] if text else type(error).__name__
+    return first_line.split("] ", 1)[-1] if first_line.startswith("[") else first_line  # gloo's source path
+
+
 def broadcast_flag(value: bool, device: torch.device) -> bool:
     """Rank 0's decision, seen identically by every rank."""
     flag = torch.tensor([1 if value else 0], device=device)
