@@ -190,7 +190,7 @@ def _train(
         if (reason := peer_lost(error)) is None:
             raise
         logger.error(
-            f"rank {context.rank} lost a peer ({reason[:160]}); torchrun restarts the workers "
+            f"rank {context.rank} lost a peer ({reason}); torchrun restarts the workers "
             "and they resume from the newest snapshot or checkpoint"
         )
         return EXIT_PEER_LOST

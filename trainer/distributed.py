@@ -119,7 +119,9 @@ def peer_lost(error: BaseException) -> str | None:
     if not (isinstance(error, dist.DistError) or any(marker in text for marker in PEER_LOST_MARKERS)):
         return None
     first_line = text.splitlines()[0] if text else type(error).__name__
-    return first_line.split("] ", 1)[-1] if first_line.startswith("[") else first_line  # gloo's source path
+    if first_line.startswith("["):  # gloo's source file and line
+        first_line = first_line.split("] ", 1)[-1]
+    return first_line.split(". ")[0].rstrip(".")  # the first sentence: what happened, not advice
 
 
 def broadcast_flag(value: bool, device: torch.device) -> bool:
