@@ -110,17 +110,30 @@ def layer_sizes(docker: Engine, tag: str) -> list[tuple[int, str]]:
     return [(int(size), created_by) for size, _, created_by in reversed(rows)]
 
 
+def image_bytes(docker: Engine, tag: str) -> int:
+    return int(docker.run("image", "inspect", "--format", "{{.Size}}", tag).stdout)
+
+
 def describe(docker: Engine, tag: str) -> list[str]:
     """The image's size and its three largest layers, as the build's last lines."""
-    size = int(docker.run("image", "inspect", "--format", "{{.Size}}", tag).stdout)
+    size = image_bytes(docker, tag)
     layers = docker.run("image", "inspect", "--format", "{{len .RootFS.Layers}}", tag).stdout.strip()
     lines = [f"image: {tag}, {size / 1e9:.2f} GB in {layers} layers; the largest:"]
     for size_bytes, created_by in sorted(layer_sizes(docker, tag), reverse=True)[:3]:
-        # "RUN |2 A=1 B=2 /bin/sh -c pip ..." -> "pip ..."
-        step = re.sub(r"^(RUN )?(\|\d+ (\S+=\S* )*)?/bin/sh -c ", "", created_by)
-        step = re.sub(r"\s+", " ", step)[:90] or "the base image"
-        lines.append(f"  {size_bytes / 1e6:9.1f} MB  {step}")
+        lines.append(f"  {size_bytes / 1e6:9.1f} MB  {layer_name(created_by)}")
     return lines
+
+
+def layer_name(created_by: str) -> str:
+    """What a history entry is, in a few words: the Dockerfile's steps by what they install."""
+    if not created_by:
+        return "the base image"
+    if "image-requirements.txt" in created_by:
+        return "the packages (image-requirements.txt: torch, CUDA libraries, ...)"
+    if "/dist/*.whl" in created_by:
+        return "the project (its wheel)"
+    step = re.sub(r"^(RUN )?(\|\d+ (\S+=\S* )*)?/bin/sh -c ", "", created_by)  # drop RUN's build args
+    return re.sub(r"\s+", " ", step)[:80]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -142,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"image: base {base.image} ({base.why})", flush=True)
             build(docker, args.tag, base, args.ca)
             print("\n".join(describe(docker, args.tag)))
-            print(f"image: built {args.tag} on {base.image}")
+            print(f"image: built {args.tag} ({image_bytes(docker, args.tag) / 1e9:.2f} GB) on {base.image}")
     except EngineError as error:
         print(f"image: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

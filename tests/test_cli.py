@@ -56,6 +56,8 @@ BAD_INPUTS = [
     (["submit", "-f", "missing.yaml"], {}, f"ddp-ops submit: error: {MISSING_VALUES}"),
     (["local", "-f", "missing.yaml"], {}, f"ddp-ops local: error: {MISSING_VALUES}"),
     (["local", "--delay", "worker-0"], {}, "'worker-0': expected POD=SECONDS, e.g. worker-0=75"),
+    (["local", "--pod-subnet", "10.1.2.0/30"], {}, "'10.1.2.0/30': too small for the pods"),
+    (["local", "--pod-subnet", "10.1.2.3/24"], {}, "'10.1.2.3/24': 10.1.2.3/24 has host bits set"),
     (["estimate", "--step-ms", "50", "--grad-mb", "100", "--devices", "0"], {},
      "ddp-ops estimate: error: argument --devices: '0': must be a whole number greater than 0"),
     (["estimate", "--step-ms", "-5", "--grad-mb", "100"], {},
