@@ -61,6 +61,11 @@ def _snapshots_of_killed_runs_do_not_outlive_the_session() -> Iterator[None]:
         shutil.rmtree(entry, ignore_errors=True)
 
 
+def snapshot_steps(pod_folder: Path) -> list[int]:
+    """Steps of the snapshots in a local pod's own /dev/shm (its emptyDir folder)."""
+    return sorted(int(path.name[5:]) for path in (pod_folder / "volumes" / "dshm").rglob("step-*"))
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

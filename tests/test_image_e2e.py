@@ -15,7 +15,7 @@ import shutil
 import urllib.request
 
 import pytest
-from conftest import REPO
+from conftest import REPO, snapshot_steps
 
 from operator_scripts.chart import merge_values, render
 from operator_scripts.docker_engine import Engine, building_cli
@@ -38,11 +38,6 @@ def docker() -> Engine:
     if engine.run("image", "inspect", default_tag(), check=False).returncode != 0:
         pytest.fail(f"{default_tag()} is not in the engine: run `make image` first")
     return engine
-
-
-def snapshot_steps(pod: LocalPod) -> list[int]:
-    """Steps of the snapshots in a pod's own /dev/shm (an emptyDir folder on this machine)."""
-    return sorted(int(path.name[5:]) for path in (pod.folder / "volumes" / "dshm").rglob("step-*"))
 
 
 def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metrics(docker, tmp_path):
@@ -85,7 +80,7 @@ def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metri
             killed: list[str] = []
 
             def kill_then_scrape(pods: list[LocalPod]) -> None:
-                worker_1, step = pods[1], max(snapshot_steps(pods[1]), default=0)
+                worker_1, step = pods[1], max(snapshot_steps(pods[1].folder), default=0)
                 if not killed and step >= 40:
                     kill_pod(worker_1)
                     killed.append(worker_1.name)

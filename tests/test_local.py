@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 import re
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import HELPERS, REPO, free_port, load_checkpoint, process_env, run_torchrun
+from conftest import HELPERS, REPO, free_port, load_checkpoint, process_env, run_torchrun, snapshot_steps
 
 from operator_scripts.chart import merge_values, render
 from operator_scripts.docker_engine import Engine
@@ -58,11 +57,6 @@ def test_pod_names_labels_and_rank0_selector():
     assert [p.name for p in with_master if role in p.labels] == ["ddp-run-ddp-trainer-master-0"]
     selector = dict(part.split("=") for part in rank0_selector("ddp-run-ddp-trainer").split(","))
     assert selector.items() <= pods[0].labels.items()
-
-
-def snapshot_steps(pod_folder: Path) -> list[int]:
-    """Steps of the snapshots in a local pod's own /dev/shm."""
-    return sorted(int(path.name[5:]) for path in (pod_folder / "volumes" / "dshm").rglob("step-*"))
 
 
 @pytest.mark.slow
