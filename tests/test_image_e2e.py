@@ -8,6 +8,7 @@ machine's address on that network, the trainer's metrics scraped over HTTP.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -17,6 +18,7 @@ import urllib.request
 import pytest
 from conftest import REPO, snapshot_steps
 
+from operator_scripts import image_lock
 from operator_scripts.chart import merge_values, render
 from operator_scripts.docker_engine import Engine, building_cli
 from operator_scripts.docker_runtime import DockerRuntime, engine_environment_is_clean
@@ -125,6 +127,28 @@ def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metri
     assert rank0_log.count("rank 0 lost a peer (Connection") == 1 and "Traceback" not in rank0_log
     assert "world size 2 (2 nodes x 1 process)" in "\n".join(lines)  # the same log, streamed
     assert engine_environment_is_clean(docker, runtime.network)
+
+
+INVENTORY = """
+import importlib.metadata as metadata, json, os
+print(json.dumps({
+    "uid": os.getuid(),
+    "ca_secret": os.path.exists("/run/secrets/pip_ca"),
+    "packages": sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions()),
+}))
+"""
+
+
+def test_the_image_holds_exactly_the_lock_runs_as_10001_and_kept_no_secret(docker):
+    """What the build left: the venv's packages are the lock's, version for version, plus the
+    project; the user is the chart's; the CA bundle the build was given is nowhere."""
+    shown = docker.run("run", "--rm", "--entrypoint", "/opt/venv/bin/python", default_tag(), "-c", INVENTORY)
+    inventory = json.loads(shown.stdout)
+    installed = image_lock.pins("\n".join(inventory["packages"]))
+    assert installed.pop("ddp-trainer") == "0.1.0"
+    assert installed == image_lock.pins(image_lock.LOCK.read_text())
+    assert inventory["uid"] == 10001 and inventory["ca_secret"] is False
+    print(f"\nthe image's venv: {len(installed)} packages, each the lock's version; uid 10001; no CA secret")
 
 
 def test_a_code_change_rebuilds_under_5_mb_of_layers(docker, tmp_path):
