@@ -81,8 +81,24 @@ class DockerRuntime:
         """This machine's address on the pod network: where the pods reach a host service."""
         return str(self.subnet.network_address + 1)
 
+    def _containers_left(self) -> list[str]:
+        label = f"label=ddp-ops-local={self.network}"
+        return self.engine.run("ps", "--all", "--quiet", "--filter", label).stdout.split()
+
+    def _network_left(self) -> list[str]:
+        named = f"name=^{self.network}$"
+        return self.engine.run("network", "ls", "--quiet", "--filter", named).stdout.split()
+
+    def left_behind(self) -> list[str]:
+        """Containers and the network of a run of this job that are still in the engine."""
+        return self._containers_left() + self._network_left()
+
     def __enter__(self) -> DockerRuntime:
-        self.engine.run("network", "rm", self.network, check=False)  # a run that died before
+        """The pod network, after clearing what a run of this job killed before its end left."""
+        if containers := self._containers_left():
+            self.engine.run("rm", "--force", *containers, check=False)
+        if self._network_left():
+            self.engine.run("network", "rm", self.network, check=False)
         created = self.engine.run(
             "network", "create", "--internal", "--subnet", str(self.subnet), "--gateway", self.gateway,
             self.network, check=False,
@@ -156,10 +172,3 @@ class DockerRuntime:
         return subprocess.run(
             command, env=self.engine.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         ).stdout
-
-
-def engine_environment_is_clean(engine: Engine, network: str) -> bool:
-    """No container or network of a run is left (for tests and the e2e's last check)."""
-    containers = engine.run("ps", "--all", "--quiet", "--filter", f"label=ddp-ops-local={network}").stdout
-    networks = engine.run("network", "ls", "--quiet", "--filter", f"name=^{network}$").stdout
-    return not containers.strip() and not networks.strip()

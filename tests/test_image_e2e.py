@@ -21,7 +21,7 @@ from conftest import REPO, snapshot_steps
 from operator_scripts import image_lock
 from operator_scripts.chart import merge_values, render
 from operator_scripts.docker_engine import Engine, building_cli
-from operator_scripts.docker_runtime import DockerRuntime, engine_environment_is_clean
+from operator_scripts.docker_runtime import DockerRuntime
 from operator_scripts.image import REPO as IMAGE_CONTEXT
 from operator_scripts.image import build, choose_base, default_ca, default_tag
 from operator_scripts.local import LocalPod, kill_pod, run
@@ -126,7 +126,7 @@ def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metri
     # the survivor's side of the kill: one line, no traceback
     assert rank0_log.count("rank 0 lost a peer (Connection") == 1 and "Traceback" not in rank0_log
     assert "world size 2 (2 nodes x 1 process)" in "\n".join(lines)  # the same log, streamed
-    assert engine_environment_is_clean(docker, runtime.network)
+    assert runtime.left_behind() == []  # every container of the run, and its network, removed
 
 
 INVENTORY = """
