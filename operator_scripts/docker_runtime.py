@@ -13,7 +13,7 @@ escalation, and the memory and CPU limits. What stands in for the cluster:
 - a restart is a new container of the same pod (its volumes kept), so `docker logs POD`
   is the current container's log, as `kubectl logs` is.
 Values from `secretKeyRef` come from this process's environment and reach the container by
-name only (`docker run -e NAME`), never on a command line.
+name only (`docker create --env NAME`), never on a command line.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ DEFAULT_SUBNET = "10.213.0.0/24"
 
 
 def security_options(pod_spec: dict[str, Any], container: dict[str, Any]) -> list[str]:
-    """docker run options for the pod's and the container's securityContext (the container's wins)."""
+    """docker create options for the pod's and the container's securityContext (the container's wins)."""
     context = {**pod_spec.get("securityContext", {}), **container.get("securityContext", {})}
     options: list[str] = []
     if "runAsUser" in context:
@@ -126,11 +126,11 @@ class DockerRuntime:
         """The container's own command and arguments: the image runs them as they are."""
         return pod.command
 
-    def docker_run(self, pod: LocalPod, hosts: HostsTable) -> list[str]:
-        """`docker run` for the pod's container, as the manifest describes it."""
+    def docker_create(self, pod: LocalPod, hosts: HostsTable) -> list[str]:
+        """`docker create` for the pod's container, as the manifest describes it."""
         container, spec = pod.plan.container, pod.plan.template["spec"]
         options = [
-            "run", "--name", pod.name, "--hostname", pod.name, "--label", f"ddp-ops-local={self.network}",
+            "create", "--name", pod.name, "--hostname", pod.name, "--label", f"ddp-ops-local={self.network}",
             "--network", self.network, "--ip", pod.address,
             "--mount", f"type=bind,source={hosts.path},target=/etc/hosts,readonly",
             "--mount", f"type=bind,source={hosts.nsswitch},target=/etc/nsswitch.conf,readonly",
@@ -150,13 +150,20 @@ class DockerRuntime:
         return [self.engine.cli, *options, container["image"], *pod.command]
 
     def launch(self, pod: LocalPod, hosts: HostsTable, log: TextIO) -> subprocess.Popen:
-        """A new container for the pod (the last one, if any, is gone as after a restart);
-        `docker run` stays attached, so its exit is the container's."""
+        """A new container for the pod (the last one, if any, is gone as after a restart),
+        created apart, so the engine's warnings stay out of the pod's log, then started
+        attached: the process's exit is the container's."""
         self.engine.run("rm", "--force", pod.name, check=False)
         self.containers.add(pod.name)
+        created = subprocess.run(
+            self.docker_create(pod, hosts), env={**self.engine.env, **pod.env}, capture_output=True, text=True
+        )
+        if created.returncode != 0:
+            reason = (created.stderr.strip().splitlines() or ["no output"])[-1]
+            raise LocalError(f"cannot create the container of pod {pod.name}: {reason}")
         return subprocess.Popen(
-            self.docker_run(pod, hosts),
-            env={**self.engine.env, **pod.env},
+            [self.engine.cli, "start", "--attach", pod.name],
+            env=self.engine.env,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -226,7 +226,7 @@ def test_master_and_worker_mode_runs_locally(tmp_path):
 
 
 def test_the_docker_runtime_runs_each_pod_as_its_manifest_says(tmp_path):
-    """The `docker run` of a pod, composed from the rendered manifest (only composed here:
+    """The `docker create` of a pod, composed from the rendered manifest (only composed here:
     tests/test_image_e2e.py runs it): the pod's name, address, user, groups, read-only root,
     capabilities, limits and volumes; the Secret's value reaches it by name, never as text."""
     values = merge_values(
@@ -237,7 +237,7 @@ def test_the_docker_runtime_runs_each_pod_as_its_manifest_says(tmp_path):
     secrets = {"AWS_ACCESS_KEY_ID": "key-id", "AWS_SECRET_ACCESS_KEY": "s3cr3t"}
     pods = prepare(rendered.objects, tmp_path, host_env=secrets, runtime=runtime)
     hosts = HostsTable(tmp_path / "etc-hosts")
-    argv = runtime.docker_run(pods[1], hosts)
+    argv = runtime.docker_create(pods[1], hosts)
     container = pods[1].plan.container
     image_at = argv.index(container["image"])
     options, command = argv[1:image_at], argv[image_at + 1 :]
