@@ -26,6 +26,7 @@ from trainer.argparsing import OneLineParser, existing_file
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = "ddp-trainer-base:standin-bookworm"
+PULL_TIMEOUT_S = 300  # the 50 MB base takes seconds where a registry answers
 STANDIN_PACKAGES = "python3,python3-venv,python3-pip,ca-certificates,netbase,tzdata"
 
 
@@ -80,10 +81,14 @@ def choose_base(docker: Engine, requested: str | None) -> Base:
     wanted = dockerfile_base()
     if docker.run("image", "inspect", wanted, check=False).returncode == 0:
         return Base(wanted, "the Dockerfile's, already in the engine")
-    pulled = docker.run("pull", "--quiet", wanted, check=False, timeout=1800)
-    if pulled.returncode == 0:
-        return Base(wanted, "the Dockerfile's, pulled")
-    reason = (pulled.stderr.strip().splitlines() or ["no answer"])[-1]
+    try:  # a registry that drops packets rather than refusing them must not hold the build
+        pulled = docker.run("pull", "--quiet", wanted, check=False, timeout=PULL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        reason = f"no answer in {PULL_TIMEOUT_S} s"
+    else:
+        if pulled.returncode == 0:
+            return Base(wanted, "the Dockerfile's, pulled")
+        reason = (pulled.stderr.strip().splitlines() or ["no answer"])[-1]
     print(f"image: cannot pull {wanted.split('@')[0]} ({reason[:120]}); using a stand-in", flush=True)
     if docker.run("image", "inspect", STANDIN, check=False).returncode != 0:
         print(f"image: making {STANDIN} with mmdebstrap (Debian bookworm, python3 3.11)", flush=True)
