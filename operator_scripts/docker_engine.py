@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.argparsing import last_line
+
 DATA_ROOT = Path(os.environ.get("DDP_DOCKER_DATA_ROOT", "/var/lib/ddp-trainer/docker"))
 EXEC_ROOT = Path("/run/ddp-trainer-docker")  # short: the socket's path must fit in 108 bytes
 SOCKET = EXEC_ROOT / "docker.sock"
@@ -45,7 +47,7 @@ class Engine:
         """`docker ARGS`, its output captured as text; a failure raises with docker's last line."""
         completed = subprocess.run([self.cli, *args], env=self.env, capture_output=True, text=True, **kwargs)
         if check and completed.returncode != 0:
-            reason = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+            reason = last_line(completed.stderr, "no output")
             raise EngineError(f"docker {args[0]} failed: {reason}")
         return completed
 
@@ -92,8 +94,8 @@ def _start_private(cli: str, env: dict[str, str]) -> subprocess.Popen:
     while not _answers(cli, env):
         if daemon.poll() is not None or time.monotonic() > deadline:
             _stop_private(daemon)
-            tail = (EXEC_ROOT / "dockerd.log").read_text().strip().splitlines()[-1:] or ["no output"]
-            raise EngineError(f"the private dockerd did not start: {tail[0]}")
+            tail = last_line((EXEC_ROOT / "dockerd.log").read_text(), "no output")
+            raise EngineError(f"the private dockerd did not start: {tail}")
         time.sleep(0.2)
     return daemon
 

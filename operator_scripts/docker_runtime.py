@@ -26,6 +26,7 @@ from kubernetes.utils import parse_quantity
 
 from operator_scripts.docker_engine import Engine
 from operator_scripts.local import HostsTable, LocalError, LocalPod
+from trainer.argparsing import last_line
 
 DEFAULT_SUBNET = "10.213.0.0/24"
 
@@ -74,7 +75,6 @@ class DockerRuntime:
         self.engine = engine
         self.network = f"ddp-local-{job}"[:60]
         self.subnet = ipaddress.ip_network(subnet)
-        self.containers: set[str] = set()
 
     @property
     def gateway(self) -> str:
@@ -93,25 +93,27 @@ class DockerRuntime:
         """Containers and the network of a run of this job that are still in the engine."""
         return self._containers_left() + self._network_left()
 
-    def __enter__(self) -> DockerRuntime:
-        """The pod network, after clearing what a run of this job killed before its end left."""
+    def _remove_all(self) -> None:
+        """Every container of a run of this job (found by its label) and the pod network."""
         if containers := self._containers_left():
             self.engine.run("rm", "--force", *containers, check=False)
         if self._network_left():
             self.engine.run("network", "rm", self.network, check=False)
+
+    def __enter__(self) -> DockerRuntime:
+        """The pod network, after clearing what a run of this job killed before its end left."""
+        self._remove_all()
         created = self.engine.run(
             "network", "create", "--internal", "--subnet", str(self.subnet), "--gateway", self.gateway,
             self.network, check=False,
         )  # fmt: skip
         if created.returncode != 0:
-            reason = (created.stderr.strip().splitlines() or ["no output"])[-1]
+            reason = last_line(created.stderr, "no output")
             raise LocalError(f"cannot make the pod network {self.subnet}: {reason}")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if self.containers:
-            self.engine.run("rm", "--force", *sorted(self.containers), check=False)
-        self.engine.run("network", "rm", self.network, check=False)
+        self._remove_all()
 
     def address(self, index: int) -> str:
         return str(self.subnet.network_address + 2 + index)
@@ -154,12 +156,11 @@ class DockerRuntime:
         created apart, so the engine's warnings stay out of the pod's log, then started
         attached: the process's exit is the container's."""
         self.engine.run("rm", "--force", pod.name, check=False)
-        self.containers.add(pod.name)
         created = subprocess.run(
             self.docker_create(pod, hosts), env={**self.engine.env, **pod.env}, capture_output=True, text=True
         )
         if created.returncode != 0:
-            reason = (created.stderr.strip().splitlines() or ["no output"])[-1]
+            reason = last_line(created.stderr, "no output")
             raise LocalError(f"cannot create the container of pod {pod.name}: {reason}")
         return subprocess.Popen(
             [self.engine.cli, "start", "--attach", pod.name],

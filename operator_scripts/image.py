@@ -18,11 +18,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import tomllib
 
 from operator_scripts.docker_engine import Engine, EngineError, engine
-from trainer.argparsing import OneLineParser, existing_file
+from trainer.argparsing import OneLineParser, existing_file, last_line
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = "ddp-trainer-base:standin-bookworm"
@@ -88,7 +89,7 @@ def choose_base(docker: Engine, requested: str | None) -> Base:
     else:
         if pulled.returncode == 0:
             return Base(wanted, "the Dockerfile's, pulled")
-        reason = (pulled.stderr.strip().splitlines() or ["no answer"])[-1]
+        reason = last_line(pulled.stderr, "no answer")
     print(f"image: cannot pull {wanted.split('@')[0]} ({reason[:120]}); using a stand-in", flush=True)
     if docker.run("image", "inspect", STANDIN, check=False).returncode != 0:
         print(f"image: making {STANDIN} with mmdebstrap (Debian bookworm, python3 3.11)", flush=True)
@@ -107,12 +108,21 @@ def build(docker: Engine, tag: str, base: Base, ca: Path | None, context: Path =
         raise EngineError(f"docker build of {tag} failed (its output is above)")
 
 
-def layer_sizes(docker: Engine, tag: str) -> list[tuple[int, str]]:
-    """(bytes, instruction) of each history entry, oldest first."""
-    row = "{{.Size}}\t{{.CreatedBy}}"
-    history = docker.run("history", "--no-trunc", "--human=false", "--format", row, tag)
-    rows = [line.partition("\t") for line in history.stdout.splitlines() if line.strip()]
-    return [(int(size), created_by) for size, _, created_by in reversed(rows)]
+class HistoryEntry(NamedTuple):
+    """One step of an image's history. A step the build cache served keeps its creation
+    time; a rebuilt one gets the build's."""
+
+    created: str
+    size: int
+    created_by: str
+
+
+def history(docker: Engine, tag: str) -> list[HistoryEntry]:
+    """The image's history, oldest first."""
+    row = "{{.CreatedAt}}\t{{.Size}}\t{{.CreatedBy}}"
+    lines = docker.run("history", "--no-trunc", "--human=false", "--format", row, tag).stdout.splitlines()
+    rows = [line.split("\t", 2) for line in lines if line.strip()]
+    return [HistoryEntry(created, int(size), created_by) for created, size, created_by in reversed(rows)]
 
 
 def image_bytes(docker: Engine, tag: str) -> int:
@@ -124,8 +134,8 @@ def describe(docker: Engine, tag: str) -> list[str]:
     size = image_bytes(docker, tag)
     layers = docker.run("image", "inspect", "--format", "{{len .RootFS.Layers}}", tag).stdout.strip()
     lines = [f"image: {tag}, {size / 1e9:.2f} GB in {layers} layers; the largest:"]
-    for size_bytes, created_by in sorted(layer_sizes(docker, tag), reverse=True)[:3]:
-        lines.append(f"  {size_bytes / 1e6:9.1f} MB  {layer_name(created_by)}")
+    for entry in sorted(history(docker, tag), key=lambda entry: entry.size, reverse=True)[:3]:
+        lines.append(f"  {entry.size / 1e6:9.1f} MB  {layer_name(entry.created_by)}")
     return lines
 
 

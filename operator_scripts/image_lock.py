@@ -27,7 +27,7 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from trainer.argparsing import OneLineParser
+from trainer.argparsing import OneLineParser, last_line
 
 REPO = Path(__file__).resolve().parent.parent
 LOCK = REPO / "image-requirements.txt"
@@ -82,7 +82,7 @@ def resolve(index_url: str) -> list[dict]:
         ]  # fmt: skip
         completed = subprocess.run(command, capture_output=True, text=True, env=env)
         if completed.returncode != 0:
-            reason = (completed.stderr.strip().splitlines() or ["pip failed"])[-1]
+            reason = last_line(completed.stderr, "pip failed")
             raise LockError(f"cannot resolve the image's packages from {index_url}: {reason}")
         return json.loads(report.read_text())["install"]
 

@@ -52,6 +52,7 @@ from operator_scripts.operator_status import (
     pods_to_delete,
     restart_delay,
 )
+from trainer.argparsing import last_line
 from trainer.launch import container_exit_code, signal_tree
 
 # the project's console scripts, run with this interpreter
@@ -324,7 +325,7 @@ def check_sandbox(hosts: HostsTable) -> None:
         text=True,
     )
     if probe.returncode != 0:
-        reason = (probe.stderr.strip().splitlines() or ["unknown error"])[-1]
+        reason = last_line(probe.stderr, "unknown error")
         raise LocalError(
             f"cannot give pods namespaces of their own ({reason}): run as root, or enable "
             "unprivileged user namespaces"
@@ -427,10 +428,11 @@ def run(
     (job,) = [with_defaults(item) for item in objects if item.get("kind") == "PyTorchJob"]
     run_policy = job["spec"]["runPolicy"]
     workdir.mkdir(parents=True, exist_ok=True)
+    runtime = runtime or ProcessRuntime()
     pods = prepare(objects, workdir, host_env, runtime)
     start_delays = resolve_delays(job["metadata"]["name"], pods, delays or {})
     hosts = HostsTable(workdir / "etc-hosts")
-    pods[0].runtime.check(pods, hosts)
+    runtime.check(pods, hosts)
     rank0 = next(p for p in pods if "training.kubeflow.org/job-role" in p.plan.labels)
     stop = threading.Event()
     follower = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -213,17 +214,26 @@ AWS_TEST_ENV = {
 }
 
 
-@pytest.fixture(scope="session")
-def moto_server() -> Iterator[str]:
-    """moto's S3 in server mode over real HTTP on 127.0.0.1."""
+@contextlib.contextmanager
+def serve_moto(address: str) -> Iterator[str]:
+    """moto's S3 in server mode over real HTTP on `address`, a free port; yields its URL."""
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = ThreadedMotoServer(ip_address=address, port=0, verbose=False)
     server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[str]:
+    """moto's S3 on 127.0.0.1 for the whole session."""
+    with serve_moto("127.0.0.1") as url:
+        yield url
 
 
 def s3_env(endpoint: str, **extra: str) -> dict[str, str]:

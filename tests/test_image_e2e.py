@@ -9,21 +9,21 @@ machine's address on that network, the trainer's metrics scraped over HTTP.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shutil
 import urllib.request
 
+import boto3
 import pytest
-from conftest import REPO, snapshot_steps
+from conftest import REPO, serve_moto, snapshot_steps
 
 from operator_scripts import image_lock
 from operator_scripts.chart import merge_values, render
 from operator_scripts.docker_engine import Engine, building_cli
 from operator_scripts.docker_runtime import DockerRuntime
 from operator_scripts.image import REPO as IMAGE_CONTEXT
-from operator_scripts.image import build, choose_base, default_ca, default_tag
+from operator_scripts.image import build, choose_base, default_ca, default_tag, history
 from operator_scripts.local import LocalPod, kill_pod, run
 
 pytestmark = pytest.mark.image
@@ -48,62 +48,49 @@ def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metri
     worker-1's container is SIGKILLed mid-run: the operator re-creates the pod, the job
     resumes from worker-0's snapshot and succeeds. Metrics are scraped from a container and
     rank 0's log is read with `docker logs`."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-
     release, prefix, max_steps = "e2e", "image-e2e", 150  # 8 of the chart's 10 epochs
     job_name = f"{release}-ddp-trainer"
-    with DockerRuntime(docker, job_name) as runtime:
-        s3 = ThreadedMotoServer(ip_address=runtime.gateway, port=0, verbose=False)
-        s3.start()
-        try:
-            host, port = s3.get_host_and_port()
-            endpoint = f"http://{host}:{port}"
-            import boto3
+    with DockerRuntime(docker, job_name) as runtime, serve_moto(runtime.gateway) as endpoint:
+        client = boto3.client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1",
+            aws_access_key_id="testing", aws_secret_access_key="testing",
+        )  # fmt: skip
+        client.create_bucket(Bucket="e2e")
+        values = merge_values(
+            files=[CPU_VALUES],
+            sets=[
+                f"checkpoints.s3.bucket=e2e,checkpoints.s3.prefix={prefix},checkpoints.s3.endpoint={endpoint},"
+                "checkpoints.s3.region=us-east-1,checkpoints.s3.existingSecret=s3-keys",
+                f"trainer.config.train.max_steps={max_steps},trainer.config.checkpoint.every_steps=1000,"
+                "trainer.config.log.every_steps=10",
+            ],
+        )
+        rendered = render(values, release=release, namespace="training")
+        secrets = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+        scraped: list[str] = []
+        killed: list[str] = []
 
-            client = boto3.client(
-                "s3", endpoint_url=endpoint, region_name="us-east-1",
-                aws_access_key_id="testing", aws_secret_access_key="testing",
-            )  # fmt: skip
-            client.create_bucket(Bucket="e2e")
-            values = merge_values(
-                files=[CPU_VALUES],
-                sets=[
-                    f"checkpoints.s3.bucket=e2e,checkpoints.s3.prefix={prefix},checkpoints.s3.endpoint={endpoint},"
-                    "checkpoints.s3.region=us-east-1,checkpoints.s3.existingSecret=s3-keys",
-                    f"trainer.config.train.max_steps={max_steps},trainer.config.checkpoint.every_steps=1000,"
-                    "trainer.config.log.every_steps=10",
-                ],
-            )
-            rendered = render(values, release=release, namespace="training")
-            secrets = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-            scraped: list[str] = []
-            killed: list[str] = []
+        def kill_then_scrape(pods: list[LocalPod]) -> None:
+            worker_1, step = pods[1], max(snapshot_steps(pods[1].folder), default=0)
+            if not killed and step >= 40:
+                kill_pod(worker_1)
+                killed.append(worker_1.name)
+            elif killed and not scraped and step >= 60:  # resumed, and past a progress line
+                with urllib.request.urlopen(f"http://{pods[0].address}:9401/metrics", timeout=5) as reply:
+                    scraped.append(reply.read().decode())
 
-            def kill_then_scrape(pods: list[LocalPod]) -> None:
-                worker_1, step = pods[1], max(snapshot_steps(pods[1].folder), default=0)
-                if not killed and step >= 40:
-                    kill_pod(worker_1)
-                    killed.append(worker_1.name)
-                elif killed and not scraped and step >= 60:  # resumed, and past a progress line
-                    with urllib.request.urlopen(f"http://{pods[0].address}:9401/metrics", timeout=5) as reply:
-                        scraped.append(reply.read().decode())
-
-            lines: list[str] = []
-            outcome = run(
-                rendered.objects,
-                tmp_path / "pods",
-                timeout=420,
-                stream=lines.append,
-                on_tick=kill_then_scrape,
-                host_env=secrets,
-                runtime=runtime,
-            )
-            rank0_log = runtime.logs(f"{job_name}-worker-0")
-            latest = client.get_object(Bucket="e2e", Key=f"{prefix}/latest.json")["Body"].read().decode()
-        finally:
-            s3.stop()
+        lines: list[str] = []
+        outcome = run(
+            rendered.objects,
+            tmp_path / "pods",
+            timeout=420,
+            stream=lines.append,
+            on_tick=kill_then_scrape,
+            host_env=secrets,
+            runtime=runtime,
+        )
+        rank0_log = runtime.logs(f"{job_name}-worker-0")
+        latest = client.get_object(Bucket="e2e", Key=f"{prefix}/latest.json")["Body"].read().decode()
 
     print(f"\n{outcome.summary()}")
     logs = {name: path.read_text() for name, path in outcome.logs.items()}
@@ -174,12 +161,8 @@ def test_a_code_change_rebuilds_under_5_mb_of_layers(docker, tmp_path):
     try:
         before, after = history(docker, default_tag()), history(docker, tag)
         assert len(before) == len(after)
-        rebuilt = [
-            (size, step)
-            for (created, size, step), old in zip(after, before, strict=True)
-            if created != old[0]
-        ]
-        new_bytes = sum(size for size, _ in rebuilt)
+        rebuilt = [new for new, old in zip(after, before, strict=True) if new.created != old.created]
+        new_bytes = sum(entry.size for entry in rebuilt)
         print(f"\nrebuilt after a code change: {new_bytes / 1e6:.2f} MB in {len(rebuilt)} history entries")
         assert new_bytes < 5e6, rebuilt
         layers_before, layers_after = layer_ids(docker, default_tag()), layer_ids(docker, tag)
@@ -187,16 +170,6 @@ def test_a_code_change_rebuilds_under_5_mb_of_layers(docker, tmp_path):
         assert layers_before != layers_after  # and the project's layer did change
     finally:
         docker.run("rmi", tag, check=False)
-
-
-def history(docker: Engine, tag: str) -> list[tuple[str, int, str]]:
-    """(created, bytes, instruction) per history entry, oldest first; a cached step keeps
-    its creation time, a rebuilt one gets the build's."""
-    rows = docker.run(
-        "history", "--no-trunc", "--human=false", "--format", "{{.CreatedAt}}\t{{.Size}}\t{{.CreatedBy}}", tag
-    ).stdout.splitlines()
-    parsed = [row.split("\t", 2) for row in rows if row.strip()]
-    return [(created, int(size), step) for created, size, step in reversed(parsed)]
 
 
 def layer_ids(docker: Engine, tag: str) -> list[str]:
