@@ -16,9 +16,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 from benchmarks.baseline import RateMeter, parse_baseline_args
 from trainer.config import Config
 from trainer.data import build_data
-from trainer.distributed import process_group, read_env
+from trainer.distributed.process_group import process_group, read_env
+from trainer.loop.objective import training_loss
 from trainer.models import build_model
-from trainer.objective import training_loss
 
 
 @torch.no_grad()

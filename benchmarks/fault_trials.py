@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from trainer.launch import RDZV_ENV, signal_tree
+from trainer.distributed.launch import RDZV_ENV, signal_tree
 
 OVERRIDES = (
     "model.dropout=0.3,checkpoint.every_steps=1000,log.every_steps=1,log.format=json,"

@@ -23,7 +23,7 @@ import torch
 
 from benchmarks import gpu as bench_gpu
 from benchmarks.runner import trainer_records
-from trainer.timing import PARTS
+from trainer.telemetry.timing import PARTS
 
 RUN = ["train.amp=bf16", "train.epochs=1000", "checkpoint.every_steps=0", "metrics.port=0"]
 SPLIT_TOLERANCE = 0.01  # the parts are rounded to 0.1 us each

@@ -18,9 +18,9 @@ from torch.utils.data import DataLoader
 
 from benchmarks.baseline import RateMeter, parse_baseline_args
 from trainer.data import build_data
-from trainer.distributed import read_env
+from trainer.distributed.process_group import read_env
+from trainer.loop.objective import training_loss
 from trainer.models import build_model
-from trainer.objective import training_loss
 
 
 class Classifier(pl.LightningModule):

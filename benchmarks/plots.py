@@ -4,10 +4,8 @@ our step time split into data, compute, communication, checkpoint and loop bookk
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from benchmarks.scaling import Scaling
+from benchmarks.scaling_results import Scaling
 
 PARTS = (
     ("data_ms", "waiting for data", "#8da0cb"),

@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 
 from benchmarks.baseline import WARMUP_WINDOWS
-from trainer.launch import RDZV_ENV
+from trainer.distributed.launch import RDZV_ENV
 
 
 def torchrun(nproc: int, args: list[str], cwd: str) -> str:

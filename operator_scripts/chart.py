@@ -15,7 +15,7 @@ from pydantic import TypeAdapter
 
 from operator_scripts import generated
 from trainer.config import Config, ConfigError, from_tree
-from trainer.overrides import deep_merge
+from trainer.config.overrides import deep_merge
 
 CHART_DIR = Path(__file__).resolve().parents[1] / "helm"
 

@@ -23,7 +23,7 @@ import yaml
 
 from operator_scripts.chart import ValuesError, merge_values, render
 from operator_scripts.cluster import Cluster, ClusterError, format_status
-from trainer.argparsing import OneLineParser, existing_file, positive_float
+from trainer.config.argparsing import OneLineParser, existing_file, positive_float
 
 HELM_COMMANDS = ("render", "submit", "local")
 
@@ -126,7 +126,8 @@ def _render(args: argparse.Namespace):
 
 
 def _local(args: argparse.Namespace) -> int:
-    from operator_scripts.local import LocalError, run
+    from operator_scripts.local import run
+    from operator_scripts.local_pods import LocalError
 
     rendered = _render(args)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ddp-local-"))
@@ -148,7 +149,8 @@ def _local_in_docker(rendered, workdir: Path, subnet: str, options: dict):
     """The job's pods as containers, with the engine that answers or a private one."""
     from operator_scripts.docker_engine import EngineError, engine
     from operator_scripts.docker_runtime import DockerRuntime
-    from operator_scripts.local import LocalError, run
+    from operator_scripts.local import run
+    from operator_scripts.local_pods import LocalError
 
     job = rendered.one("PyTorchJob")["metadata"]["name"]
     try:

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.argparsing import last_line
+from trainer.config.argparsing import last_line
 
 DATA_ROOT = Path(os.environ.get("DDP_DOCKER_DATA_ROOT", "/var/lib/ddp-trainer/docker"))
 EXEC_ROOT = Path("/run/ddp-trainer-docker")  # short: the socket's path must fit in 108 bytes

@@ -25,8 +25,8 @@ from typing import Any, TextIO
 from kubernetes.utils import parse_quantity
 
 from operator_scripts.docker_engine import Engine
-from operator_scripts.local import HostsTable, LocalError, LocalPod
-from trainer.argparsing import last_line
+from operator_scripts.local_pods import HostsTable, LocalError, LocalPod
+from trainer.config.argparsing import last_line
 
 DEFAULT_SUBNET = "10.213.0.0/24"
 

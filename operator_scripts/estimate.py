@@ -13,7 +13,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from trainer.argparsing import OneLineParser, positive_float, positive_int
+from trainer.config.argparsing import OneLineParser, positive_float, positive_int
 
 BACKWARD_SHARE = 2 / 3  # backward costs about twice the forward
 

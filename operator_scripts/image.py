@@ -23,7 +23,7 @@ from typing import NamedTuple
 import tomllib
 
 from operator_scripts.docker_engine import Engine, EngineError, engine
-from trainer.argparsing import OneLineParser, existing_file, last_line
+from trainer.config.argparsing import OneLineParser, existing_file, last_line
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = "ddp-trainer-base:standin-bookworm"

@@ -27,7 +27,7 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from trainer.argparsing import OneLineParser, last_line
+from trainer.config.argparsing import OneLineParser, last_line
 
 REPO = Path(__file__).resolve().parent.parent
 LOCK = REPO / "image-requirements.txt"

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from operator_scripts import generated
-from trainer.metrics import PART_COUNTERS
+from trainer.telemetry.metrics import PART_COUNTERS
 
 ROOT = generated.ROOT
 DASHBOARD_FILE = ROOT / "helm" / "files" / "dashboards" / "ddp-training.json"

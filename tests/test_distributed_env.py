@@ -3,7 +3,7 @@
 import pytest
 import torch.distributed as dist
 
-from trainer.distributed import peer_lost, read_env
+from trainer.distributed.process_group import peer_lost, read_env
 
 
 def test_without_torchrun_it_is_a_world_of_one():

@@ -10,8 +10,9 @@ import time
 import pytest
 from conftest import process_env
 
-from operator_scripts.local import HostsTable, LocalError, check_sandbox, sandbox_command
-from trainer.launch import parse_args, rendezvous_host, trainer_arguments
+from operator_scripts.local_pods import HostsTable, LocalError
+from operator_scripts.process_runtime import check_sandbox, sandbox_command
+from trainer.distributed.launch import parse_args, rendezvous_host, trainer_arguments
 
 TRAINER = ["-m", "trainer", "--config", "digits", "--set", "train.epochs=1"]
 
@@ -42,7 +43,7 @@ def test_the_host_a_pod_waits_for(args, env, expected):
 
 def launch(*args: str, cwd, env: dict | None = None, prefix: list[str] = (), timeout: float = 60):
     return subprocess.run(
-        [*prefix, sys.executable, "-m", "trainer.launch", *args],
+        [*prefix, sys.executable, "-m", "trainer.distributed.launch", *args],
         cwd=cwd,
         env=process_env(env),
         capture_output=True,

@@ -14,7 +14,8 @@ from conftest import HELPERS, REPO, free_port, load_checkpoint, process_env, run
 from operator_scripts.chart import merge_values, render
 from operator_scripts.docker_engine import Engine
 from operator_scripts.docker_runtime import DockerRuntime
-from operator_scripts.local import HostsTable, kill_pod, prepare, run
+from operator_scripts.local import kill_pod, run
+from operator_scripts.local_pods import HostsTable, prepare
 from operator_scripts.operator_env import injected_env, plan_pods, rank0_selector
 
 CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"

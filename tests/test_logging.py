@@ -5,8 +5,8 @@ import json
 import logging
 
 from trainer.config import LogConfig
-from trainer.distributed import read_env
-from trainer.log import JsonFormatter, TextFormatter, event, setup_logging
+from trainer.distributed.process_group import read_env
+from trainer.telemetry.log import JsonFormatter, TextFormatter, event, setup_logging
 
 
 def record(message: str, level=logging.INFO, **extra) -> logging.LogRecord:

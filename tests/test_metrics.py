@@ -14,9 +14,9 @@ import pytest
 from conftest import free_port, process_env, run_trainer
 
 from trainer.config import MetricsConfig
-from trainer.distributed import read_env
-from trainer.metrics import attempt_dir, peak_flops, prepare_multiprocess_dir
-from trainer.step_split import straggler_lag
+from trainer.distributed.process_group import read_env
+from trainer.telemetry.metrics import attempt_dir, peak_flops, prepare_multiprocess_dir
+from trainer.telemetry.step_split import straggler_lag
 
 
 def test_straggler_lag_is_the_slowest_over_the_median():

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from trainer.config import OptimConfig, TrainConfig
-from trainer.optim import batch_math, lr_factor
+from trainer.loop.optim import batch_math, lr_factor
 
 
 def test_global_batch_is_per_rank_times_ranks_times_accumulation():

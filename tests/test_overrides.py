@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainer.overrides import OverrideError, deep_merge, parse_set, typed_scalar
+from trainer.config.overrides import OverrideError, deep_merge, parse_set, typed_scalar
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import REPO, free_port, load_checkpoint, process_env, run_torchrun, torchrun_command
 
-from trainer.launch import signal_tree
+from trainer.distributed.launch import signal_tree
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from conftest import (
 )
 from eval_worker import datasets_and_models
 
-from trainer.timing import PARTS
+from trainer.telemetry.timing import PARTS
 
 QUICK = ["--config", "digits", "--set", "log.every_steps=5"]
 

@@ -20,12 +20,12 @@ import torch
 from conftest import REPO, process_env
 
 from trainer.checkpoint import Checkpointer, LocalStore, rng
+from trainer.checkpoint.recovery import ResumePoint, _decide, _Report
 from trainer.checkpoint.shared_state import SharedStateBuffer, SharedStateReader
 from trainer.checkpoint.snapshots import SnapshotDir
 from trainer.checkpoint.writing import SaveRequest, SaveWork, Staged
 from trainer.config import CheckpointConfig
-from trainer.distributed import DistContext
-from trainer.recovery import ResumePoint, _decide, _Report
+from trainer.distributed.process_group import DistContext
 
 
 def state(value: float) -> dict:

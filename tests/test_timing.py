@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.step_split import StepSplit
-from trainer.timing import (
+from trainer.telemetry.step_split import StepSplit
+from trainer.telemetry.timing import (
     CHECKPOINT,
     COMMUNICATION,
     COMPUTE,

@@ -16,12 +16,13 @@ from pathlib import Path
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from trainer.argparsing import OneLineParser
 from trainer.checkpoint import Checkpointer, open_store, rng
 from trainer.checkpoint.writer import spawn_writer
 from trainer.config import CheckpointConfig, Config, ConfigError, bundled_config_names, dump_yaml, load_config
+from trainer.config.argparsing import OneLineParser
 from trainer.data import DATASETS, build_data
-from trainer.distributed import (
+from trainer.distributed.preemption import Stopped, StopSignal
+from trainer.distributed.process_group import (
     DistContext,
     cuda_available,
     peer_lost,
@@ -29,11 +30,11 @@ from trainer.distributed import (
     read_env,
     select_device,
 )
-from trainer.engine import Trainer, steps_per_epoch
-from trainer.log import setup_logging
-from trainer.metrics import prepare_multiprocess_dir, start_metrics
+from trainer.loop.engine import Trainer
+from trainer.loop.plan import steps_per_epoch
 from trainer.models import MODELS, build_model
-from trainer.preemption import Stopped, StopSignal
+from trainer.telemetry.log import setup_logging
+from trainer.telemetry.metrics import prepare_multiprocess_dir, start_metrics
 
 EXIT_CONFIG_ERROR = 2
 EXIT_PEER_LOST = 1  # any failure: torchrun restarts the workers while it has restarts left

@@ -13,9 +13,9 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.distributed import process_group, read_env
-from trainer.step import train_step
-from trainer.timing import HostClock
+from trainer.distributed.process_group import process_group, read_env
+from trainer.loop.step import train_step
+from trainer.telemetry.timing import HostClock
 
 MICRO_STEPS, MICRO_BATCH = 4, 8
 

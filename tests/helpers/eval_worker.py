@@ -12,7 +12,7 @@ from torch import nn
 
 from trainer.config import DataConfig
 from trainer.data import eval_loader
-from trainer.evaluate import evaluate
+from trainer.loop.evaluate import evaluate
 
 
 def datasets_and_models():

@@ -39,7 +39,7 @@ from trainer.checkpoint.writing import (
     Staged,
 )
 from trainer.config import CheckpointConfig
-from trainer.log import event
+from trainer.telemetry.log import event
 
 # not `-m`: the package already imports the module, and runpy would run a second copy
 WRITER_MAIN = (

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from trainer.checkpoint.location import open_store
 from trainer.checkpoint.manager import Checkpointer
 from trainer.checkpoint.shared_state import SharedStateReader
 from trainer.checkpoint.snapshots import SnapshotDir
-from trainer.checkpoint.store import open_store
 from trainer.checkpoint.writing import Event, SaveWork
 from trainer.config import CheckpointConfig
 

@@ -9,7 +9,7 @@ from typing import Literal
 from torch.utils.data import Dataset
 
 from trainer.config import ConfigError, DataConfig
-from trainer.registry import Registry
+from trainer.config.registry import Registry
 
 Task = Literal["classification", "language_modeling"]
 

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from torch import nn
 
 from trainer.config import ConfigError, ModelConfig
+from trainer.config.registry import Registry
 from trainer.data.base import DataSpec, Task
-from trainer.registry import Registry
 
 ModelBuilder = Callable[[ModelConfig, DataSpec], nn.Module]
 MODELS: Registry[ModelBuilder] = Registry("model.name", "model", ("config", "spec"))

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from trainer.config import LogConfig
-from trainer.distributed import DistContext
+from trainer.distributed.process_group import DistContext
 
 LOGGER_NAME = "trainer"
 

@@ -13,12 +13,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
-from trainer.distributed import DistContext
-from trainer.log import duration, event, plural
-from trainer.metrics import Metrics
-from trainer.step_split import StepSplit
-from trainer.timing import CHECKPOINT, PARTS, StepSeconds
+from trainer.distributed.process_group import DistContext
+from trainer.telemetry.log import duration, event, plural
+from trainer.telemetry.metrics import Metrics
+from trainer.telemetry.step_split import StepSplit
+from trainer.telemetry.timing import CHECKPOINT, PARTS, StepSeconds
 
 
 class Window:
@@ -211,4 +212,16 @@ def summary_line(summary: dict[str, Any]) -> str:
         f"{duration(summary['wall_seconds'])}; val loss {num(summary['val_loss'])} "
         f"accuracy {pct(summary['val_accuracy'])}; test loss {num(summary['test_loss'])} "
         f"accuracy {pct(summary['test_accuracy'])}; checkpoint {summary['checkpoint']}"
+    )
+
+
+def progress_bar(context: DistContext, total_steps: int, step: int) -> tqdm:
+    """A step bar on rank 0's terminal; off elsewhere (a pod's log, other ranks)."""
+    return tqdm(
+        total=total_steps,
+        initial=step,
+        file=sys.stdout,
+        disable=not (context.is_main and sys.stdout.isatty()),
+        unit="step",
+        dynamic_ncols=True,
     )

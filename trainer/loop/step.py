@@ -9,8 +9,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.objective import training_loss
-from trainer.timing import COMMUNICATION, COMPUTE, StepClock
+from trainer.loop.objective import training_loss
+from trainer.telemetry.timing import COMMUNICATION, COMPUTE, StepClock
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

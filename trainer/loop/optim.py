@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from trainer.config import OptimConfig, TrainConfig
-from trainer.log import plural
+from trainer.telemetry.log import plural
 
 
 @dataclass(frozen=True)

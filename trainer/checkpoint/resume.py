@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from trainer.checkpoint import Checkpointer, CheckpointError
 from trainer.config import Config, to_tree
-from trainer.distributed import DistContext
+from trainer.distributed.process_group import DistContext
 
 T = TypeVar("T")
 

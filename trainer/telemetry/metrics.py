@@ -21,9 +21,9 @@ from typing import Any
 
 from trainer.checkpoint import CheckpointStats
 from trainer.config import MetricsConfig
-from trainer.distributed import DistContext
-from trainer.log import event
-from trainer.timing import PARTS, StepSeconds
+from trainer.distributed.process_group import DistContext
+from trainer.telemetry.log import event
+from trainer.telemetry.timing import PARTS, StepSeconds
 
 RANK_LABELS = ("rank", "local_rank", "node_rank")
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

@@ -17,12 +17,12 @@ import torch
 import torch.distributed as dist
 
 from trainer.checkpoint import Checkpointer, CheckpointError
+from trainer.checkpoint.resume import bounded, load_everywhere
 from trainer.checkpoint.shared_state import aligned_slots, join_tensors, split_tensors
 from trainer.checkpoint.snapshots import SnapshotDir
 from trainer.checkpoint.writer_process import writer_lock
-from trainer.distributed import DistContext, broadcast_object
-from trainer.log import plural
-from trainer.resume import bounded, load_everywhere
+from trainer.distributed.process_group import DistContext, broadcast_object
+from trainer.telemetry.log import plural
 
 
 @dataclass(frozen=True)

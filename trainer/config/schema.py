@@ -18,7 +18,7 @@ import yaml
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
-from trainer.overrides import OverrideError, deep_merge, parse_set
+from trainer.config.overrides import OverrideError, deep_merge, parse_set
 
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]

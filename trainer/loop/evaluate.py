@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from contextlib import AbstractContextManager
 
 import torch
@@ -9,7 +10,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from trainer.objective import per_sample_terms
+from trainer.loop.objective import per_sample_terms
+from trainer.telemetry.log import event
 
 
 @torch.no_grad()
@@ -44,3 +46,17 @@ def evaluate(
     dist.all_reduce(totals)
     loss_sum, correct, elements, samples = totals.tolist()
     return {"loss": loss_sum / elements, "accuracy": correct / elements, "samples": samples}
+
+
+def log_validation(log: logging.Logger, step: int, metrics: dict[str, float]) -> None:
+    """Rank 0's `validation after step N: loss ... accuracy ...` line."""
+    event(
+        log,
+        "validation",
+        f"validation after step {step}: loss {metrics['loss']:.4f} "
+        f"accuracy {100 * metrics['accuracy']:.2f}% ({int(metrics['samples'])} samples)",
+        step=step,
+        val_loss=metrics["loss"],
+        val_accuracy=metrics["accuracy"],
+        val_samples=int(metrics["samples"]),
+    )

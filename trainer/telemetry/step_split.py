@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.timing import COMPUTE, DATA, PARTS
+from trainer.telemetry.timing import COMPUTE, DATA, PARTS
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ torch 2.13): the save must be published before then.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -23,6 +24,8 @@ from types import FrameType
 
 import torch
 import torch.distributed as dist
+
+from trainer.telemetry.log import event
 
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 SAFETY_MARGIN_S = 3.0
@@ -107,3 +110,25 @@ class StopSignal:
         """Seconds left for publishing the stop's checkpoint before torchrun's SIGKILL."""
         timeout = float(os.environ.get(SHUTDOWN_TIMEOUT_ENV, "30"))
         return max(0.0, timeout - (time.monotonic() - self.received_at) - SAFETY_MARGIN_S)
+
+
+def report_stop(
+    log: logging.Logger,
+    stopped: Stopped,
+    step: int,
+    signal_step: int | None,
+    *,
+    published: bool,
+    newest_step: int | None,
+    location: str,
+) -> None:
+    """Rank 0's one line on a stop at `step`: saved at `location`, or NOT saved and why.
+    `signal_step` is the step during which this rank got the signal (None: a peer's)."""
+    stopped_at = f"stopped by {stopped} at step {step}" + (
+        f" (signal during step {signal_step})" if signal_step is not None else " (a peer's signal)"
+    )
+    if published and newest_step == step:
+        event(log, "stopped", f"{stopped_at}: saved {location}", step=step, signal_step=signal_step)
+    else:
+        why = "its write failed" if published else "its write did not finish before the shutdown deadline"
+        log.error("%s: NOT saved (%s); the newest checkpoint is step %s", stopped_at, why, newest_step)

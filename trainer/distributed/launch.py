@@ -43,10 +43,10 @@ from typing import BinaryIO
 
 import psutil
 
-from trainer.argparsing import OneLineParser
 from trainer.checkpoint import open_store
 from trainer.cli import EXIT_CONFIG_ERROR, FATAL_FILE_ENV, validate
 from trainer.config import ConfigError
+from trainer.config.argparsing import OneLineParser
 
 EXIT_GAVE_UP = 1
 POLL_S = 0.2

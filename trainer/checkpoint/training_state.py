@@ -1,0 +1,92 @@
+"""What a checkpoint of a run holds, written and read in one place so that the two agree:
+the weights (no `module.` prefix), optimizer, scaler, early stopping, progress, every
+rank's RNG streams, the config and the world size it was saved at."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.checkpoint import rng
+from trainer.checkpoint.manager import CheckpointError
+from trainer.checkpoint.resume import config_changes
+from trainer.config import Config, from_tree, to_tree
+from trainer.distributed.process_group import DistContext
+from trainer.loop.early_stopping import EarlyStopping
+from trainer.loop.optim import apply_hyperparameters, batch_math
+from trainer.loop.plan import Progress
+
+
+@dataclass(frozen=True)
+class Restored:
+    """Where the loaded state puts the run, and what changed since it was saved."""
+
+    progress: Progress
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """The parts of a run that a checkpoint saves and a resume loads back."""
+
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    stopper: EarlyStopping
+
+    def tree(
+        self, progress: Progress, rng_states: torch.Tensor, config: Config, world_size: int
+    ) -> dict[str, Any]:
+        """The saved tree; `rng_states` holds every rank's streams, `[world_size, bytes]`."""
+        return {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "progress": asdict(progress),
+            "early_stopping": self.stopper.state_dict(),
+            "rng": rng_states,
+            "config": to_tree(config),
+            "world_size": world_size,
+        }
+
+    def load(
+        self, state: dict[str, Any], config: Config, context: DistContext, step: int, uri: str
+    ) -> Restored:
+        """Load the tree saved at `step` into every part and this rank's RNG streams. The LR
+        is not restored but derived from the progress (see `trainer.loop.plan`); changed
+        settings are applied and reported, or refused (CheckpointError)."""
+        changes = config_changes(state["config"], config, step, uri)
+        try:
+            self.module.load_state_dict(state["model"])
+        except RuntimeError as error:
+            detail = str(error).splitlines()[1].strip() if "\n" in str(error) else str(error)
+            raise CheckpointError(
+                "checkpoint.uri",
+                uri,
+                f"step {step} holds a different model than model.name={config.model.name} ({detail})",
+            ) from None
+        self.optimizer.load_state_dict(state["optimizer"])
+        apply_hyperparameters(self.optimizer, config.optim)
+        self.scaler.load_state_dict(state["scaler"])
+        self.stopper.load_state_dict(state["early_stopping"])
+        saved_config = from_tree(state["config"])
+        saved = batch_math(saved_config.train, saved_config.optim, state["world_size"])
+        progress = Progress(
+            **{"samples": state["progress"]["step"] * saved.global_batch, **state["progress"]}
+        )
+        if state["world_size"] == context.world_size:
+            rng.restore(state["rng"][context.rank])
+        else:
+            rng.seed_everything(config.seed + 1_000_003 * (step + 1) + context.rank)
+        notes = [f"changed since step {step}, applied: {change}" for change in changes]
+        now = batch_math(config.train, config.optim, context.world_size)
+        if saved.global_batch != now.global_batch:
+            notes.append(
+                f"step {step} was saved at world size {saved.world_size}, global batch "
+                f"{saved.global_batch}, lr {saved.lr:.6g}; this run trains at world size "
+                f"{context.world_size}, global batch {now.global_batch}, lr {now.lr:.6g}"
+            )
+        return Restored(progress, notes)

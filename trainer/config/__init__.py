@@ -1,0 +1,45 @@
+"""Configuration and the command line: the typed config tree (`schema`), Helm-style `--set`
+overrides, one-line argument errors, and the registry that resolves names and plug-ins.
+
+The config tree is the public face of this package (plug-ins receive its sections), so its
+names are importable from `trainer.config` itself."""
+
+from trainer.config.schema import (
+    CheckpointConfig,
+    Config,
+    ConfigError,
+    DataConfig,
+    DistConfig,
+    EarlyStoppingConfig,
+    LogConfig,
+    MetricsConfig,
+    ModelConfig,
+    OptimConfig,
+    SyntheticConfig,
+    TrainConfig,
+    bundled_config_names,
+    dump_yaml,
+    from_tree,
+    load_config,
+    to_tree,
+)
+
+__all__ = [
+    "CheckpointConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "DistConfig",
+    "EarlyStoppingConfig",
+    "LogConfig",
+    "MetricsConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "SyntheticConfig",
+    "TrainConfig",
+    "bundled_config_names",
+    "dump_yaml",
+    "from_tree",
+    "load_config",
+    "to_tree",
+]

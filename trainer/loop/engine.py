@@ -1,0 +1,402 @@
+"""The training loop: resume, train with periodic logs and checkpoints, validate, stop, test.
+
+What is saved and when lives in `trainer.checkpoint.policy`, what a checkpoint holds in
+`trainer.checkpoint.training_state`, the run's end and schedule in `trainer.loop.plan`, the
+start lines in `trainer.telemetry.banner` and the stop at a signal in
+`trainer.distributed.preemption`; this module strings them together."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from trainer.checkpoint import Checkpointer
+from trainer.checkpoint.policy import CheckpointPolicy
+from trainer.checkpoint.recovery import ResumePoint, recover
+from trainer.checkpoint.training_state import TrainingState
+from trainer.config import Config
+from trainer.data import DataSplits, eval_loader, train_loader
+from trainer.distributed.preemption import Stopped, StopSignal, report_stop
+from trainer.distributed.process_group import DistContext, broadcast_flag
+from trainer.loop.early_stopping import EarlyStopping
+from trainer.loop.evaluate import evaluate, log_validation
+from trainer.loop.optim import LRSchedule, batch_math, build_optimizer
+from trainer.loop.plan import Progress, finished, plan, steps_per_epoch
+from trainer.loop.step import autocast_for, train_step
+from trainer.telemetry.banner import RunFacts, announce_start
+from trainer.telemetry.log import event
+from trainer.telemetry.metrics import Metrics, peak_flops
+from trainer.telemetry.progress import ProgressLog, RunShape, Window, progress_bar, summary_line
+from trainer.telemetry.timing import CHECKPOINT, DATA, LOGGING, clock_for, lap_when_backward_ends, lapped
+
+
+class Trainer:
+    """Owns the model, optimizer, schedule, loaders and checkpoints of one run."""
+
+    def __init__(
+        self,
+        config: Config,
+        context: DistContext,
+        device: torch.device,
+        splits: DataSplits,
+        module: nn.Module,
+        checkpointer: Checkpointer,
+        logger: logging.Logger,
+        metrics: Metrics,
+        stop: StopSignal,
+        lineage: str | None = None,
+        writer_process: subprocess.Popen | None = None,
+    ) -> None:
+        """`lineage` is the store's history id, known to rank 0 (see `Checkpointer.lineage`);
+        `writer_process` the writer spawned early for this rank, if it writes anything."""
+        self.config, self.context, self.device = config, context, device
+        self.splits, self.checkpointer, self.log, self.metrics = splits, checkpointer, logger, metrics
+        self.stop = stop
+        # what rank 0 or one node may spend alone while its peers wait in a collective
+        self.solo_budget_s = config.dist.timeout_s / 2
+        self.checkpoints = CheckpointPolicy(
+            config.checkpoint,
+            context,
+            device,
+            checkpointer,
+            logger,
+            metrics,
+            lineage=lineage,
+            writer_process=writer_process,
+        )
+        self.module = module.to(device)
+        self.math = batch_math(config.train, config.optim, context.world_size)
+        self.optimizer = build_optimizer(self.module, config.optim, self.math.lr)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=config.train.amp == "fp16")
+        self.autocast = autocast_for(device, config.train.amp)
+        self.stopper = EarlyStopping(config.train.early_stopping)
+        self.state = TrainingState(self.module, self.optimizer, self.scaler, self.stopper)
+        self.loader = train_loader(
+            splits.train,
+            config.data,
+            batch_size=config.train.batch_size,
+            rank=context.rank,
+            world_size=context.world_size,
+            seed=config.seed,
+            device=device,
+        )
+        self.sampler = self.loader.sampler
+        self.steps_per_epoch = steps_per_epoch(len(splits.train), config.train, context.world_size)
+        self.samples_per_rank = config.train.batch_size * config.train.grad_accum_steps
+        self.tokens_per_rank = self.samples_per_rank * splits.spec.tokens_per_sample
+        self.progress = Progress()
+        self.total_steps = 0  # planned after the resume, from where the run stands
+        self.schedule: LRSchedule | None = None
+        self.lr = self.math.lr
+        self.resume_point: ResumePoint | None = None
+        self.resume_notes: list[str] = []
+        self.last_validated: int | None = None
+        self.val_metrics: dict[str, float] = {}
+        self.model: DistributedDataParallel | None = None
+        self.clock = clock_for(device)
+        self.grad_norm: torch.Tensor | None = None
+        self.flops_per_sample: float | None = getattr(module, "flops_per_sample", None)
+        self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        self.peak_flops = peak_flops(config.metrics, self.device_name)
+        shape = RunShape(
+            self.math.global_batch,
+            config.train.epochs,
+            self.flops_per_sample,
+            self.peak_flops,
+            config.metrics.history_file,
+        )
+        self.progress_log = ProgressLog(context, device, logger, metrics, shape)
+
+    # ----- lifecycle -------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Resume if possible, train to the end, test, and return the summary. However the
+        run ends (a SIGTERM included), rank 0 first lets the checkpoint in flight finish."""
+        try:
+            return self._run()
+        finally:
+            self.checkpoints.close(self.config.checkpoint.drain_timeout_s)
+
+    def _run(self) -> dict[str, Any]:
+        self.checkpoints.open_snapshots(self.state.size_bytes(self.config.optim))
+        self._restore()
+        self._plan()
+        self.checkpoints.start()
+        self.model = DistributedDataParallel(
+            self.module, device_ids=[self.device.index] if self.device.type == "cuda" else None
+        )
+        lap_when_backward_ends(self.module, self.clock)
+        announce_start(
+            self.log,
+            self.metrics,
+            self.config,
+            self.context,
+            self.math,
+            self._facts(),
+            self.resume_point,
+            self.resume_notes,
+        )
+        started = time.perf_counter()
+        if self._finished():
+            event(
+                self.log,
+                "already_complete",
+                f"run already complete at step {self.progress.step}; testing only",
+            )
+            if self.resume_point is not None and self.resume_point.snapshot_rank is not None:
+                self._save(wait_s=self.solo_budget_s)  # the store lacks the final step
+        else:
+            self._fit()
+        if self.last_validated != self.progress.step:
+            self._validate()
+        if not self.checkpoints.wait(self.solo_budget_s):
+            self.log.warning("the last checkpoint write is still running; testing meanwhile")
+        self.checkpoints.drop_snapshots_once_durable(self.progress.step, self.solo_budget_s)
+        self.metrics.checkpoints(self.checkpoints.stats)
+        self.metrics.flush()
+        test = self._evaluate(self.splits.test) if len(self.splits.test) else {}
+        summary = {
+            "steps": self.progress.step,
+            "epochs_completed": self.progress.epoch,
+            "val_loss": self.val_metrics.get("loss"),
+            "val_accuracy": self.val_metrics.get("accuracy"),
+            "test_loss": test.get("loss"),
+            "test_accuracy": test.get("accuracy"),
+            "wall_seconds": round(time.perf_counter() - started, 3),
+            "checkpoint": self.checkpoints.newest_location(self.progress.step),
+        }
+        event(self.log, "summary", summary_line(summary), **summary)
+        return summary
+
+    def _facts(self) -> RunFacts:
+        return RunFacts(
+            device=str(self.device),
+            device_name=self.device_name,
+            parameters=sum(p.numel() for p in self.module.parameters()),
+            train_samples=len(self.splits.train),
+            tokens_per_sample=self.splits.spec.tokens_per_sample,
+            flops_per_sample=self.flops_per_sample,
+            peak_flops=self.peak_flops,
+            steps_per_epoch=self.steps_per_epoch,
+            total_steps=self.total_steps,
+            checkpoint_uri=self.checkpointer.store.uri,
+            epoch=self.progress.epoch + 1,
+            snapshot_every=self.checkpoints.snapshot_every,
+        )
+
+    # ----- training ----------------------------------------------------------------------
+
+    def _fit(self) -> None:
+        bar = progress_bar(self.context, self.total_steps, self.progress.step)
+        window = Window()
+        self.stop.start_training(self.device)
+        self.clock.lap(None)  # the set-up before the first step is no step's
+        try:
+            with bar, logging_redirect_tqdm(loggers=[self.log]):
+                while not self._finished():
+                    self._train_epoch(bar, window)
+                self._report_progress()
+        except Stopped as stopped:
+            self._save_at_stop(stopped)
+            raise
+        finally:
+            self.stop.stop_training()
+
+    def _train_epoch(self, bar: tqdm, window: Window) -> None:
+        progress, train = self.progress, self.config.train
+        self.sampler.set_epoch(progress.epoch)
+        self.sampler.resume_at(progress.epoch_position)
+        steps = self._steps_left_in_epoch()
+        if steps == 0:  # no full global batch left: a resume at more ranks near the epoch's end
+            with lapped(self.clock, None):
+                self._end_epoch()
+            if self._finished():
+                with lapped(self.clock, CHECKPOINT):
+                    self._save(wait_s=self.solo_budget_s)
+            return
+        batches = iter(self.loader)
+        samples_per_step = self.math.global_batch
+        for index in range(steps):
+            started = time.perf_counter()
+            self.clock.lap(LOGGING)
+            micro_batches = [next(batches) for _ in range(train.grad_accum_steps)]
+            self.clock.lap(DATA)
+            result = train_step(
+                self.model,
+                micro_batches,
+                self.optimizer,
+                self.scaler,
+                amp=train.amp,
+                clip_grad_norm=train.clip_grad_norm,
+                clock=self.clock,
+            )
+            self.clock.end_step()
+            progress.step += 1
+            progress.epoch_position += samples_per_step
+            progress.samples += samples_per_step
+            self.lr = self.schedule.apply(self.optimizer, progress.samples)
+            self.checkpoints.mark(progress.step)
+            if result.grad_norm is not None:
+                self.grad_norm = result.grad_norm
+            window.add(result.loss)
+            self._account(window)
+            bar.update(1)
+            self.stop.poll(progress.step, time.perf_counter() - started)
+            self._report_progress()
+            if progress.step % self.config.log.every_steps == 0 or progress.step == self.total_steps:
+                self._gather_progress(window)
+            epoch_done = index == steps - 1
+            if epoch_done:
+                self._report_progress()
+                with lapped(self.clock, None):
+                    self._end_epoch()
+            done = self._finished()
+            durable = self.checkpoints.durable_due(progress.step, done)
+            if durable or self.checkpoints.snapshot_due(progress.step):
+                self._report_progress()
+                with lapped(self.clock, CHECKPOINT):
+                    self._save(wait_s=self.solo_budget_s, durable=durable)
+            if epoch_done or done:
+                return
+
+    def _account(self, window: Window, *, wait: bool = False) -> None:
+        """Hand the steps whose time the clock has resolved to the metrics and the window."""
+        for seconds in self.clock.resolved(wait=wait):
+            self.metrics.step(seconds, samples=self.samples_per_rank, tokens=self.tokens_per_rank)
+            window.add_times(seconds)
+
+    def _steps_left_in_epoch(self) -> int:
+        """Full optimizer steps left in the sampler's epoch, at this world size."""
+        return len(self.sampler) // self.samples_per_rank
+
+    def _plan(self) -> None:
+        """The step the run will end at and its LR schedule, from where it stands."""
+        self.sampler.set_epoch(self.progress.epoch)
+        self.sampler.resume_at(self.progress.epoch_position)
+        planned = plan(
+            self.progress,
+            self.config.train,
+            self.config.optim,
+            self.math,
+            steps_left_in_epoch=self._steps_left_in_epoch(),
+            steps_per_epoch=self.steps_per_epoch,
+        )
+        self.total_steps, self.schedule = planned.total_steps, planned.schedule
+        self.lr = self.schedule.apply(self.optimizer, self.progress.samples)
+
+    def _finished(self) -> bool:
+        return finished(self.progress, self.total_steps, self.config.train.epochs)
+
+    def _gather_progress(self, window: Window) -> None:
+        """Start gathering this window's progress line. At the last step every step's time
+        is waited for, so the last line covers them all."""
+        self._account(window, wait=self.progress.step == self.total_steps)
+        self.progress_log.gather(
+            window,
+            step=self.progress.step,
+            epoch=self.progress.epoch + 1,
+            total_steps=self.total_steps,
+            lr=self.lr,
+            grad_norm=self.grad_norm,
+            proposal=self.checkpoints.proposed_interval(window),
+        )
+
+    def _report_progress(self) -> None:
+        """Read the gathered progress line, if one is on its way: rank 0 logs and exports
+        it, and every rank takes rank 0's snapshot interval."""
+        proposal = self.progress_log.read()
+        if proposal is None:
+            return
+        self.checkpoints.apply_interval(proposal)
+        if self.context.is_main:
+            self.metrics.checkpoints(self.checkpoints.stats)
+
+    def _end_epoch(self) -> None:
+        """Validate, let early stopping decide (rank 0's decision for all), move to the next epoch."""
+        metrics = self._validate()
+        stop = broadcast_flag(self.stopper.update(metrics), self.device)
+        self.progress.epoch += 1
+        self.progress.epoch_position = 0
+        if stop:
+            event(
+                self.log,
+                "early_stop",
+                f"early stopping after epoch {self.progress.epoch}: no {self.stopper.config.metric} "
+                f"improvement for {self.stopper.bad_epochs} epochs (best {self.stopper.best:.4f})",
+                epoch=self.progress.epoch,
+                best=self.stopper.best,
+            )
+        self.progress.stopped_early = stop
+
+    def _validate(self) -> dict[str, float]:
+        metrics = self._evaluate(self.splits.val)
+        self.val_metrics, self.last_validated = metrics, self.progress.step
+        self.metrics.validation(metrics["loss"], metrics["accuracy"])
+        log_validation(self.log, self.progress.step, metrics)
+        return metrics
+
+    def _evaluate(self, dataset: torch.utils.data.Dataset) -> dict[str, float]:
+        loader = eval_loader(
+            dataset,
+            self.config.data,
+            batch_size=self.config.train.eval_batch_size,
+            rank=self.context.rank,
+            world_size=self.context.world_size,
+            device=self.device,
+        )
+        return evaluate(self.module, loader, self.device, self.autocast)
+
+    # ----- saving and restoring --------------------------------------------------------
+
+    def _save(self, wait_s: float, *, durable: bool = True) -> None:
+        """This step's state to the writers: durable on rank 0, or only the snapshots."""
+        config, world_size, progress = self.config, self.context.world_size, self.progress
+        self.checkpoints.save(
+            lambda rng_states: self.state.tree(progress, rng_states, config, world_size),
+            step=progress.step,
+            epoch=progress.epoch,
+            wait_s=wait_s,
+            durable=durable,
+        )
+
+    def _save_at_stop(self, stopped: Stopped) -> None:
+        """Every rank stopped at this step: save it, and rank 0 waits until it is published
+        or torchrun's shutdown deadline nears (and no longer than peers may wait in a
+        collective). One line says which."""
+        self._report_progress()
+        step = self.progress.step
+        if self.checkpoints.last_saved_step != step:
+            self._save(wait_s=min(self.stop.write_budget(), self.solo_budget_s))
+        if not self.context.is_main:
+            return
+        published = self.checkpoints.wait(min(self.stop.write_budget(), self.solo_budget_s))
+        report_stop(
+            self.log,
+            stopped,
+            step,
+            self.stop.received_during,
+            published=published,
+            newest_step=self.checkpoints.stats.last_success_step,
+            location=self.checkpointer.store.location(step),
+        )
+
+    def _restore(self) -> None:
+        """Agree on the newest intact step among the nodes' snapshots and the store, and
+        load it on every rank (see `TrainingState.load`)."""
+        point, state = recover(
+            self.checkpointer, self.checkpoints.snapshots, self.context, self.device, self.solo_budget_s
+        )
+        if point is None:
+            return
+        restored = self.state.load(state, self.config, self.context, point.step, self.checkpointer.store.uri)
+        self.progress, self.resume_notes, self.resume_point = restored.progress, restored.notes, point
+        if point.snapshot_rank is None:
+            self.checkpoints.resumed_from_store(point.step)

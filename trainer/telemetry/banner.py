@@ -1,0 +1,109 @@
+"""The lines a run starts with (who and where, the batch math, the plan, what a resume
+changed) and the gauges that describe the run's shape."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from trainer.checkpoint.recovery import ResumePoint
+from trainer.config import Config
+from trainer.distributed.process_group import DistContext
+from trainer.loop.optim import BatchMath
+from trainer.telemetry.log import event, plural
+from trainer.telemetry.metrics import Metrics
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the banner tells about a run, gathered once it is planned."""
+
+    device: str
+    device_name: str
+    parameters: int
+    train_samples: int
+    tokens_per_sample: int
+    flops_per_sample: float | None
+    peak_flops: float
+    steps_per_epoch: int
+    total_steps: int
+    checkpoint_uri: str
+    epoch: int  # the epoch the run starts in, from 1
+    snapshot_every: int
+
+
+def announce_start(
+    log: logging.Logger,
+    metrics: Metrics,
+    config: Config,
+    context: DistContext,
+    math: BatchMath,
+    facts: RunFacts,
+    point: ResumePoint | None,
+    resume_notes: list[str],
+) -> None:
+    """Rank 0's start lines (`rank 0 on host ...`, the batch math, what a resume changed,
+    the plan with where it resumed from), and the run's gauges on every rank."""
+    backend = dist.get_backend()
+    fields = {
+        "world_size": context.world_size,
+        "nodes": context.num_nodes,
+        "procs_per_node": context.local_world_size,
+        "rank0_host": context.hostname,
+        "restart_count": context.restart_count,
+        "run_id": context.run_id,
+        "device": facts.device,
+        "device_name": facts.device_name,
+        "backend": backend,
+        "amp": config.train.amp,
+        "global_batch": math.global_batch,
+        "lr": math.lr,
+        "dataset": config.data.name,
+        "train_samples": facts.train_samples,
+        "tokens_per_sample": facts.tokens_per_sample,
+        "model": config.model.name,
+        "parameters": facts.parameters,
+        "flops_per_sample": facts.flops_per_sample,
+        "peak_flops_per_device": facts.peak_flops or None,
+        "steps_per_epoch": facts.steps_per_epoch,
+        "total_steps": facts.total_steps,
+        "checkpoint_uri": facts.checkpoint_uri,
+        "resumed_from_step": None if point is None else point.step,
+    }
+    nodes = plural(context.num_nodes, "node")
+    procs = plural(context.local_world_size, "process", "processes")
+    event(
+        log,
+        "start",
+        f"rank 0 on host {context.hostname}: world size {context.world_size} ({nodes} x {procs}), "
+        f"device {facts.device} ({backend}), run id {context.run_id}, restart {context.restart_count}",
+        **fields,
+    )
+    event(log, "batch_math", math.describe(), **math.as_fields())
+    for note in resume_notes:
+        event(log, "resume_change", note)
+    event(
+        log,
+        "plan",
+        f"{config.model.name} ({facts.parameters:,} params) on {config.data.name} "
+        f"({facts.train_samples} train samples): "
+        f"{facts.steps_per_epoch} steps/epoch, {facts.total_steps} steps; checkpoints in "
+        f"{facts.checkpoint_uri}" + (f", {point.describe()}" if point is not None else ""),
+        resumed_from=None if point is None else point.step,
+        resume_origin=None if point is None else point.origin,
+        lost_steps=None if point is None else point.lost_steps,
+    )
+    metrics.progress(
+        {
+            "global_batch": math.global_batch,
+            "world_size": context.world_size,
+            "restart_count": context.restart_count,
+            "epoch": facts.epoch,
+            "peak_flops": facts.peak_flops or None,
+            "checkpoint_every_steps": config.checkpoint.every_steps,
+            "snapshot_every_steps": facts.snapshot_every or None,
+            "recovery_lost_steps": point and point.lost_steps,
+        }
+    )
