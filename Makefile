@@ -5,14 +5,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 TRAINER := $(VENV)/.installed-trainer
 INSTALLED := $(VENV)/.installed
-# what the integration tests run besides Python: Debian's prometheus (prometheus, promtool),
-# kubernetes-client (kubectl kustomize) and util-linux (unshare); .ci/run installs them
-TEST_TOOLS := prometheus promtool kubectl unshare
+# what the integration tests run besides Python, as COMMAND:DEBIAN_PACKAGE: Prometheus server
+# and promtool, kubectl for `kubectl kustomize`, unshare for ddp-ops local's pod sandboxes;
+# and what the image targets run: a container engine, mmdebstrap for the stand-in base.
+# tests/debian-tools.sh installs what is missing as root, or names it in one line
+TEST_TOOLS := prometheus:prometheus promtool:prometheus kubectl:kubernetes-client unshare:util-linux
+IMAGE_TOOLS := dockerd:docker.io mmdebstrap:mmdebstrap
 # torchrun's restarts reuse no rendezvous store port: without it, 3 of 7 kill-and-restart
 # trials under --standalone hung or failed to connect (shared/reference/FACTS.md)
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE := 1
 
-.PHONY: demo test test-quick gpu-check image image-e2e lint tools clean
+.PHONY: demo test test-quick gpu-check image image-e2e lint tools image-tools clean
 
 $(TRAINER): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +39,10 @@ test-quick: $(INSTALLED) tools lint
 	$(BIN)/pytest -m "not slow and not image"
 
 tools:
-	@missing=""; for tool in $(TEST_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
-	if [ -n "$$missing" ]; then echo "make test needs$$missing: apt-get install prometheus kubernetes-client util-linux (.ci/run does)" >&2; exit 1; fi
+	@sh tests/debian-tools.sh "make test" $(TEST_TOOLS)
+
+image-tools:
+	@sh tests/debian-tools.sh "make image" $(IMAGE_TOOLS)
 
 ## gpu-check: on a machine with GPUs, the gpu tests, 1-GPU and all-GPU nccl/bf16 runs, benchmarks.gpu
 ## and a report; without CUDA, the CPU part and a line saying so
@@ -46,12 +51,12 @@ gpu-check: $(INSTALLED)
 
 ## image: the CUDA image, tagged as the chart's image; starts a private dockerd when none answers
 ## and builds on a stand-in base when no registry does (README, "The image")
-image: $(INSTALLED)
+image: $(INSTALLED) image-tools
 	$(BIN)/python -m operator_scripts.image
 
 ## image-e2e: the chart's CPU job as containers of that image (ddp-ops local --runtime docker):
 ## Succeeded, a SIGKILLed pod resumed, a metrics scrape, rank 0's docker logs; and a code change's layers
-image-e2e: $(INSTALLED)
+image-e2e: $(INSTALLED) image-tools
 	$(BIN)/python -m operator_scripts.docker_engine -- $(BIN)/pytest -m image -p no:cacheprovider -s tests/test_image_e2e.py
 
 lint: $(INSTALLED)

@@ -1,4 +1,5 @@
-"""Grafana dashboard and Prometheus alert rules for the trainer's metrics, built in code.
+"""Grafana dashboard and Prometheus alert rules for the trainer's metrics, built in code: the
+dashboard with Grafana's Foundation SDK (dev extra), the rules as plain rule groups.
 
     python -m operator_scripts.monitoring write   # regenerate the files under helm/files/
     python -m operator_scripts.monitoring check   # exit 1 if the committed files are stale
@@ -15,6 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from grafana_foundation_sdk.builders.common import VizLegendOptions
+from grafana_foundation_sdk.builders.dashboard import Dashboard, DatasourceVariable, QueryVariable
+from grafana_foundation_sdk.builders.prometheus import Dataquery as PrometheusQuery
+from grafana_foundation_sdk.builders.timeseries import Panel as Timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.common import LegendDisplayMode, LegendPlacement
+from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
+from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos, VariableRefresh
 
 from operator_scripts import generated
 from trainer.telemetry.metrics import PART_COUNTERS
@@ -193,57 +202,61 @@ PANELS: tuple[Panel, ...] = (
 )
 
 
-def _panel_json(panel: Panel, index: int) -> dict:
-    return {
-        "id": index + 1,
-        "type": "timeseries",
-        "title": panel.title,
-        "description": panel.description,
-        "datasource": {"type": "prometheus", "uid": "${datasource}"},
-        "gridPos": {"h": 8, "w": 12, "x": 12 * (index % 2), "y": 8 * (index // 2)},
-        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
-        "options": {"legend": {"displayMode": "list", "placement": "bottom"}},
-        "targets": [
-            {
-                "refId": chr(ord("A") + n),
-                "datasource": {"type": "prometheus", "uid": "${datasource}"},
-                "expr": expr,
-                "legendFormat": legend,
-            }
-            for n, (expr, legend) in enumerate(panel.targets)
-        ],
-    }
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 
 
-def dashboard() -> dict:
-    """The throughput dashboard as Grafana JSON (schema 39)."""
-    return {
-        "uid": "ddp-training",
-        "title": "DDP training",
-        "tags": ["ddp", "pytorch", "training"],
-        "timezone": "utc",
-        "schemaVersion": 39,
-        "version": 1,
-        "refresh": "30s",
-        "time": {"from": "now-6h", "to": "now"},
-        "templating": {
-            "list": [
-                {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus"},
-                {
-                    "name": "job",
-                    "label": "Job",
-                    "type": "query",
-                    "datasource": {"type": "prometheus", "uid": "${datasource}"},
-                    "query": {"query": "label_values(ddp_run_info, job)", "refId": "jobs"},
-                    "definition": "label_values(ddp_run_info, job)",
-                    "includeAll": True,
-                    "multi": True,
-                    "refresh": 2,
-                },
-            ]
-        },
-        "panels": [_panel_json(panel, index) for index, panel in enumerate(PANELS)],
-    }
+def _timeseries(panel: Panel, index: int) -> Timeseries:
+    """Two panels a row, each 12 of the grid's 24 columns wide and 8 rows high."""
+    builder = (
+        Timeseries()
+        .id(index + 1)
+        .title(panel.title)
+        .description(panel.description)
+        .datasource(DATASOURCE)
+        .grid_pos(GridPos(h=8, w=12, x=12 * (index % 2), y=8 * (index // 2)))
+        .unit(panel.unit)
+        .legend(VizLegendOptions().display_mode(LegendDisplayMode.LIST).placement(LegendPlacement.BOTTOM))
+    )
+    for n, (expr, legend) in enumerate(panel.targets):
+        builder = builder.with_target(
+            PrometheusQuery()
+            .ref_id(chr(ord("A") + n))
+            .datasource(DATASOURCE)
+            .expr(expr)
+            .legend_format(legend)
+        )
+    return builder
+
+
+def dashboard() -> DashboardModel:
+    """The throughput dashboard, built with Grafana's Foundation SDK (its Grafana 11.6 types):
+    a data source variable, a job selector, and one time-series panel per `PANELS` entry."""
+    builder = (
+        Dashboard("DDP training")
+        .uid("ddp-training")
+        .tags(["ddp", "pytorch", "training"])
+        .timezone("utc")
+        .version(1)
+        .refresh("30s")
+        .time("now-6h", "now")
+        .with_variable(DatasourceVariable("datasource").label("Data source").type("prometheus"))
+        .with_variable(
+            QueryVariable("job")
+            .label("Job")
+            .datasource(DATASOURCE)
+            .query({"query": "label_values(ddp_run_info, job)", "refId": "jobs"})
+            .include_all(True)
+            .multi(True)
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        )
+    )
+    for index, panel in enumerate(PANELS):
+        builder = builder.with_panel(_timeseries(panel, index))
+    return builder.build()
+
+
+def dashboard_json(model: DashboardModel) -> str:
+    return json.dumps(model, cls=JSONEncoder, indent=2) + "\n"
 
 
 @dataclass(frozen=True)
@@ -341,7 +354,7 @@ def rules() -> dict:
 
 def rendered() -> dict[Path, str]:
     return {
-        DASHBOARD_FILE: json.dumps(dashboard(), indent=2) + "\n",
+        DASHBOARD_FILE: dashboard_json(dashboard()),
         RULES_FILE: "# Generated by `python -m operator_scripts.monitoring write`; do not edit.\n"
         + yaml.safe_dump(rules(), sort_keys=False, width=1000),
     }

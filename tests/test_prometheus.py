@@ -3,6 +3,7 @@ sane data, the exposition passes `promtool check metrics`, the rules pass `promt
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -12,8 +13,10 @@ import urllib.request
 
 import pytest
 from conftest import REPO, process_env, torchrun_command
+from grafana_foundation_sdk.cog.plugins import register_default_plugins
+from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
 
-from operator_scripts.monitoring import ALERTS, PANELS, dashboard, rendered
+from operator_scripts.monitoring import ALERTS, DASHBOARD_FILE, PANELS, dashboard_json, rendered
 
 JOB = "ddp-test"
 
@@ -32,8 +35,31 @@ def test_committed_dashboard_and_rules_match_their_builders():
         assert path.read_text() == text, f"{path} is stale: python -m operator_scripts.monitoring write"
 
 
+def missing_from(read: object, written: object, path: str = "") -> list[str]:
+    """The paths of `written` that `read` lacks or holds differently (defaults it adds are fine)."""
+    if isinstance(written, dict) and isinstance(read, dict):
+        return [gap for key in written for gap in missing_from(read.get(key), written[key], f"{path}.{key}")]
+    if isinstance(written, list) and isinstance(read, list) and len(read) == len(written):
+        return [
+            gap
+            for n, (a, b) in enumerate(zip(read, written, strict=True))
+            for gap in missing_from(a, b, f"{path}[{n}]")
+        ]
+    return [] if read == written else [path or "."]
+
+
+def test_the_dashboard_is_grafana_11_6_json_as_the_sdk_types_read_it():
+    """Read back into the SDK's typed model (Grafana 11.6's dashboard schema), the committed
+    file loses nothing and changes nothing: no field it holds is unknown or mistyped."""
+    committed = json.loads(DASHBOARD_FILE.read_text())
+    register_default_plugins()  # the time-series panel and Prometheus query types
+    model = DashboardModel.from_json(committed)
+    assert missing_from(json.loads(dashboard_json(model)), committed) == []
+    assert model.schema_version == 41 and len(model.panels) == len(PANELS)
+
+
 def test_dashboard_has_a_datasource_variable_a_job_selector_and_only_job_scoped_queries():
-    board = dashboard()
+    board = json.loads(DASHBOARD_FILE.read_text())
     variables = {variable["name"]: variable for variable in board["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["job"]["includeAll"]
     for panel in board["panels"]:

@@ -13,7 +13,7 @@ from torch import nn
 from trainer.checkpoint import rng
 from trainer.checkpoint.manager import CheckpointError
 from trainer.checkpoint.resume import config_changes
-from trainer.config import Config, from_tree, to_tree
+from trainer.config import Config, OptimConfig, from_tree, to_tree
 from trainer.distributed.process_group import DistContext
 from trainer.loop.early_stopping import EarlyStopping
 from trainer.loop.optim import apply_hyperparameters, batch_math
@@ -36,6 +36,14 @@ class TrainingState:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     stopper: EarlyStopping
+
+    def size_bytes(self, optim: OptimConfig) -> int:
+        """The size of a saved state: weights and buffers, and the optimizer's per-parameter
+        state (AdamW's two moments, SGD's momentum), which exists only after a first step."""
+        weights = sum(t.numel() * t.element_size() for t in self.module.state_dict().values())
+        params = sum(p.numel() * p.element_size() for p in self.module.parameters())
+        slots = 2 if optim.name == "adamw" else int(optim.momentum > 0)
+        return weights + slots * params + 2**20
 
     def tree(
         self, progress: Progress, rng_states: torch.Tensor, config: Config, world_size: int
