@@ -33,6 +33,7 @@ class RateMeter:
         self.every, self.global_batch = every, global_batch
         self.steps = 0
         self.rates: list[float] = []
+        self.window_ends: list[float] = []  # wall-clock (time.time()) ends, for the CPU sampler
         self._window_start = time.perf_counter()
         self._paused = 0.0
         self._pause_start: float | None = None
@@ -42,6 +43,7 @@ class RateMeter:
         if self.steps % self.every == 0:
             now = time.perf_counter()
             self.rates.append(self.every * self.global_batch / (now - self._window_start - self._paused))
+            self.window_ends.append(time.time())
             self._window_start, self._paused = now, 0.0
 
     def pause(self) -> None:
@@ -61,6 +63,14 @@ class RateMeter:
             self.resume()
 
     def report(self) -> str:
-        """One JSON line: the median rate after warm-up, and the steps taken."""
+        """One JSON line: the median rate after warm-up, the steps taken, and each window's
+        end with its samples (where the benchmark reads the CPU spent in between)."""
         steady = self.rates[WARMUP_WINDOWS:] or self.rates
-        return json.dumps({"samples_per_second": statistics.median(steady), "steps": self.steps})
+        return json.dumps(
+            {
+                "samples_per_second": statistics.median(steady),
+                "steps": self.steps,
+                "window_ends": self.window_ends,
+                "samples_per_window": self.every * self.global_batch,
+            }
+        )

@@ -13,12 +13,22 @@ import tempfile
 from dataclasses import dataclass
 
 from benchmarks.baseline import WARMUP_WINDOWS
+from benchmarks.cpu_time import TreeCpuSampler, per_thousand
 from trainer.distributed.launch import RDZV_ENV
 
 
-def torchrun(nproc: int, args: list[str], cwd: str) -> str:
-    """stdout of `torchrun --standalone --nproc_per_node=N ARGS`, one thread per process
-    unless OMP_NUM_THREADS says otherwise; a failed run raises with its stderr's tail."""
+@dataclass(frozen=True)
+class Launched:
+    """A finished torchrun job: its stdout, and its process tree's CPU time as it ran."""
+
+    stdout: str
+    cpu: TreeCpuSampler
+
+
+def torchrun(nproc: int, args: list[str], cwd: str) -> Launched:
+    """`torchrun --standalone --nproc_per_node=N ARGS`, one thread per process unless
+    OMP_NUM_THREADS says otherwise, its process tree's CPU sampled from outside; a failed
+    run raises with its stderr's tail."""
     command = [
         sys.executable,
         "-m",
@@ -28,16 +38,22 @@ def torchrun(nproc: int, args: list[str], cwd: str) -> str:
         *args,
     ]
     threads = os.environ.get("OMP_NUM_THREADS", "1")
-    completed = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, "OMP_NUM_THREADS": threads, **RDZV_ENV},
-    )
-    if completed.returncode:
-        raise RuntimeError(completed.stderr[-2000:])
-    return completed.stdout
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        process = subprocess.Popen(
+            command,
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+            cwd=cwd,
+            env={**os.environ, "OMP_NUM_THREADS": threads, **RDZV_ENV},
+        )
+        with TreeCpuSampler(process.pid) as cpu:
+            returncode = process.wait()
+        stdout.seek(0)
+        stderr.seek(0)
+        if returncode:
+            raise RuntimeError(stderr.read()[-2000:])
+        return Launched(stdout.read(), cpu)
 
 
 SPLIT_FIELDS = ("data_ms", "compute_ms", "communication_ms", "checkpoint_ms", "logging_ms")
@@ -51,6 +67,7 @@ class TrainerRun:
     per-rank batch."""
 
     samples_per_second: float
+    cpu_per_1000: float  # CPU-seconds of the whole process tree per 1,000 samples, steady windows
     step_ms: float
     split_ms: dict[str, float]
     parameters: int
@@ -79,16 +96,21 @@ def config_args(overrides: list[str], config: str | None) -> list[str]:
 
 def trainer_records(
     nproc: int, overrides: list[str], *, log_every: int, config: str | None = None
-) -> tuple[dict, list[dict]]:
+) -> tuple[dict, list[dict], float]:
     """`torchrun -m trainer` with JSON logs and a throwaway checkpoint folder (those settings
-    come last, so they win over `overrides`): rank 0's start record and its steady progress
-    records (the first `WARMUP_WINDOWS` left out)."""
+    come last, so they win over `overrides`): rank 0's start record, its steady progress
+    records (the first `WARMUP_WINDOWS` left out) and the CPU-seconds per 1,000 samples
+    over them (from the previous record's time to the last one's)."""
     with tempfile.TemporaryDirectory() as workdir:
         fixed = f"checkpoint.uri={workdir}/ckpt,log.format=json,log.every_steps={log_every}"
-        out = torchrun(nproc, ["-m", "trainer", *config_args([*overrides, fixed], config)], workdir)
-    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        launched = torchrun(nproc, ["-m", "trainer", *config_args([*overrides, fixed], config)], workdir)
+    records = [json.loads(line) for line in launched.stdout.splitlines() if line.startswith("{")]
     start = next(record for record in records if record["event"] == "start")
-    return start, [record for record in records if record["event"] == "progress"][WARMUP_WINDOWS:]
+    progress = [record for record in records if record["event"] == "progress"]
+    before, last = progress[WARMUP_WINDOWS - 1], progress[-1]
+    samples = (last["step"] - before["step"]) * start["global_batch"]
+    cpu = per_thousand(launched.cpu.between(before["time"], last["time"]), samples)
+    return start, progress[WARMUP_WINDOWS:], cpu
 
 
 def run_trainer(
@@ -99,9 +121,10 @@ def run_trainer(
     config: str | None = None,
 ) -> TrainerRun:
     """One trainer run's steady-state figures."""
-    start, steady = trainer_records(nproc, overrides, log_every=log_every, config=config)
+    start, steady, cpu = trainer_records(nproc, overrides, log_every=log_every, config=config)
     return TrainerRun(
         statistics.median(record["samples_per_second"] for record in steady),
+        cpu,
         statistics.mean(record["step_ms"] for record in steady),
         {field: statistics.mean(record[field] for record in steady) for field in SPLIT_FIELDS},
         start["parameters"],
@@ -109,10 +132,18 @@ def run_trainer(
     )
 
 
+@dataclass(frozen=True)
+class BaselineRun:
+    """A baseline loop's median steady samples/s, and its CPU-seconds per 1,000 samples."""
+
+    samples_per_second: float
+    cpu_per_1000: float
+
+
 def run_baseline(
     module: str, nproc: int, overrides: list[str], *, log_every: int, config: str | None = None
-) -> float:
-    """samples/s of `torchrun -m benchmarks.<module>` (bare_ddp or lightning_ddp)."""
+) -> BaselineRun:
+    """`torchrun -m benchmarks.<module>` (bare_ddp or lightning_ddp), measured as ours is."""
     args = [
         "-m",
         f"benchmarks.{module}",
@@ -121,5 +152,9 @@ def run_baseline(
         str(log_every),
     ]
     with tempfile.TemporaryDirectory() as workdir:
-        out = torchrun(nproc, args, workdir)
-    return json.loads(out.strip().splitlines()[-1])["samples_per_second"]
+        launched = torchrun(nproc, args, workdir)
+    report = json.loads(launched.stdout.strip().splitlines()[-1])
+    ends = report["window_ends"]
+    samples = (len(ends) - WARMUP_WINDOWS) * report["samples_per_window"]
+    cpu = launched.cpu.between(ends[WARMUP_WINDOWS - 1], ends[-1])
+    return BaselineRun(report["samples_per_second"], per_thousand(cpu, samples))

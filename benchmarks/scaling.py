@@ -56,7 +56,7 @@ PROCESSES = (1, 2)
 def measure_link(gradient_bytes: float) -> Link:
     sizes = [str(int(size)) for size in ddp_bucket_bytes(gradient_bytes)]
     with tempfile.TemporaryDirectory() as workdir:
-        out = torchrun(2, ["-m", "benchmarks.allreduce", "--bytes", *sizes], workdir)
+        out = torchrun(2, ["-m", "benchmarks.allreduce", "--bytes", *sizes], workdir).stdout
     result = json.loads(out.strip().splitlines()[-1])
     return Link(result["latency_s"], result["bandwidth_bytes_s"], result["step_s"])
 
@@ -71,7 +71,7 @@ def measure(name: str, overrides: list[str], repeats: int) -> Scaling:
             scaling.ours.setdefault(nproc, []).append(run.samples_per_second)
             scaling.split_ms.setdefault(nproc, []).append(run.split_ms)
             scaling.bare.setdefault(nproc, []).append(
-                run_baseline("bare_ddp", nproc, settings, log_every=LOG_EVERY)
+                run_baseline("bare_ddp", nproc, settings, log_every=LOG_EVERY).samples_per_second
             )
         with ThreadPoolExecutor(2) as pool:  # two worlds of one at once
             pair = list(pool.map(lambda _: run_trainer(1, settings, log_every=LOG_EVERY), range(2)))

@@ -9,6 +9,11 @@ comparison is of loop overhead, not of features that cost compute; `benchmarks.c
 measures checkpoints. Ours keeps its default node-local snapshots, and their pauses count
 as time: they are part of every step's price (`benchmarks.snapshot` measures them apart).
 Lightning is the optional `bench` extra (`pip install -e '.[bench]'`).
+
+Beside each wall-clock rate: CPU-seconds per 1,000 samples over the same steady windows,
+of the contender's whole process tree (torchrun's agent, the ranks, our snapshot writers),
+sampled from outside (`cpu_time`). On two shared cores wall time swings with the machine;
+CPU time per sample swings far less and shows where a difference comes from.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import importlib.util
 import statistics
 from collections.abc import Callable
 
-from benchmarks.runner import run_baseline, run_trainer, trainer_bench_parser
+from benchmarks.runner import BaselineRun, TrainerRun, run_baseline, run_trainer, trainer_bench_parser
 
 DEFAULTS = [
     "train.epochs=30",
@@ -30,11 +35,12 @@ DEFAULTS = [
 LOG_EVERY = 20
 TARGETS = {"bare DDP loop": 0.98, "Lightning": 1.0}
 
-Runner = Callable[[int, list[str]], float]
+Run = TrainerRun | BaselineRun
+Runner = Callable[[int, list[str]], Run]
 
 
-def ours(nproc: int, overrides: list[str], *, config: str | None) -> float:
-    return run_trainer(nproc, overrides, log_every=LOG_EVERY, config=config).samples_per_second
+def ours(nproc: int, overrides: list[str], *, config: str | None) -> TrainerRun:
+    return run_trainer(nproc, overrides, log_every=LOG_EVERY, config=config)
 
 
 def contenders(config: str | None) -> dict[str, Runner]:
@@ -49,33 +55,60 @@ def contenders(config: str | None) -> dict[str, Runner]:
     return runners
 
 
-def measure(nproc: int, overrides: list[str], repeats: int, config: str | None) -> dict[str, list[float]]:
-    """samples/s of every contender, `repeats` rounds, the order rotated each round so no
+def measure(nproc: int, overrides: list[str], repeats: int, config: str | None) -> dict[str, list[Run]]:
+    """Every contender's runs, `repeats` rounds, the order rotated each round so no
     contender always runs first (or right after the slowest)."""
     runners = contenders(config)
     names = list(runners)
-    results: dict[str, list[float]] = {name: [] for name in names}
+    results: dict[str, list[Run]] = {name: [] for name in names}
     for round_ in range(repeats):
         for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
             results[name].append(runners[name](nproc, overrides))
     return results
 
 
-def summary(results: dict[str, list[float]]) -> list[str]:
-    """Median and spread for each, then ours over each other, round by round (a round's
-    runs are back to back, so they share the machine's mood): the median and range."""
+def ratio_line(label: str, mine: list[float], theirs: list[float], target: str) -> str:
+    """Ours over theirs round by round (a round's runs are back to back, so they share the
+    machine's mood): the median and range."""
+    rounds = [a / b for a, b in zip(mine, theirs, strict=True)]
+    return (
+        f"  {label}: {statistics.median(rounds):.3f} "
+        f"(median of rounds, range {min(rounds):.3f}-{max(rounds):.3f}{target})"
+    )
+
+
+def summary(results: dict[str, list[Run]]) -> list[str]:
+    """Median and spread of samples/s and of CPU-seconds per 1,000 samples for each, then ours
+    over each other: the wall-clock ratio (with its target) and the CPU-time ratio."""
     lines = []
-    for name, rates in results.items():
-        spread = f"median of {len(rates)}, spread {min(rates):,.0f}-{max(rates):,.0f}"
-        lines.append(f"  {name:14s}: {statistics.median(rates):>9,.0f} samples/s ({spread})")
+    for name, runs in results.items():
+        rates = [run.samples_per_second for run in runs]
+        cpu = [run.cpu_per_1000 for run in runs]
+        lines.append(
+            f"  {name:14s}: {statistics.median(rates):>9,.0f} samples/s "
+            f"(median of {len(rates)}, spread {min(rates):,.0f}-{max(rates):,.0f}); "
+            f"{statistics.median(cpu):.3f} CPU-s per 1,000 samples (spread {min(cpu):.3f}-{max(cpu):.3f})"
+        )
     for name, target in TARGETS.items():
         if name not in results:
             continue
-        rounds = [mine / theirs for mine, theirs in zip(results["ours"], results[name], strict=True)]
         label = name.split()[0].lower()
+        ours_runs, their_runs = results["ours"], results[name]
         lines.append(
-            f"  ratio ours/{label}: {statistics.median(rounds):.3f} "
-            f"(median of rounds, range {min(rounds):.3f}-{max(rounds):.3f}; target >= {target:.2f})"
+            ratio_line(
+                f"ratio ours/{label}",
+                [run.samples_per_second for run in ours_runs],
+                [run.samples_per_second for run in their_runs],
+                f"; target >= {target:.2f}",
+            )
+        )
+        lines.append(
+            ratio_line(
+                f"CPU-s ratio ours/{label}",
+                [run.cpu_per_1000 for run in ours_runs],
+                [run.cpu_per_1000 for run in their_runs],
+                "; lower is leaner",
+            )
         )
     return lines
 

@@ -54,8 +54,12 @@ def test_throughput_benchmark_compares_ours_with_the_bare_loop_and_lightning():
     out = run_benchmark("throughput", "--nproc", "1", "--repeats", "1", "--set", "train.epochs=4")
     for name in ("ours", "bare DDP loop", "Lightning"):
         assert re.search(rf"^  {name} +: +[\d,]+ samples/s \(median of 1", out, re.MULTILINE), out
+        cpu = re.search(rf"^  {name} +: .*; (\d+\.\d{{3}}) CPU-s per 1,000 samples", out, re.MULTILINE)
+        assert cpu and float(cpu[1]) > 0, out
     assert re.search(r"ratio ours/bare: \d+\.\d{3} \(median of rounds, .*target >= 0\.98\)", out), out
     assert re.search(r"ratio ours/lightning: \d+\.\d{3} \(.*target >= 1\.00\)", out), out
+    for label in ("bare", "lightning"):
+        assert re.search(rf"CPU-s ratio ours/{label}: \d+\.\d{{3}} \(median of rounds", out), out
 
 
 @pytest.mark.slow
