@@ -31,9 +31,13 @@ def test_checkpoint_benchmark_prints_both_ratios():
     """Each round saves synchronously and in the background, each inside its compute loop:
     both stalls are measured, positive (the save call itself blocks), and so is their ratio."""
     out = run_benchmark("checkpoint", "--megabytes", "8", "--repeats", "1", "--matrix", "128", "--steps", "5")
+    assert "at the lowest CPU priority (SCHED_IDLE)" in out, out
     for label in ("training stall, synchronous save", "training stall, background write"):
-        stall = re.search(rf"{label} *: (\d+\.\d+) s", out)
-        assert stall and float(stall[1]) > 0, out
+        stall = re.search(rf"{label} *: (\d+\.\d+) s.*; (-?\d+\.\d+) CPU-s per save", out)
+        assert stall and float(stall[1]) > 0 and float(stall[2]) > 0, out
+    for label in ("upload, ours", "upload, plain boto3"):
+        upload = re.search(rf"{label} .*; (\d+\.\d+) CPU-s per GB", out)
+        assert upload and float(upload[1]) > 0, out
     for label in ("stall ratio background/sync", "throughput ratio ours/plain"):
         ratio = re.search(rf"{label} *: (\d+\.\d{{3}}) \(target", out)
         assert ratio and float(ratio[1]) > 0, out
