@@ -1,39 +1,18 @@
-"""The Helm chart, rendered by Helm's own engine (helm-python-sdk), checked against the
-Kubernetes schemas, the PyTorchJob CRD, the operator's webhook rules and its SDK model."""
+"""The Helm chart, rendered by Helm's own engine (helm-python-sdk): lint, the values and what
+they render to (the schemas that would admit it are `test_chart_schemas.py`'s)."""
 
 from __future__ import annotations
 
-import copy
 import json
 import re
-from pathlib import Path
 
-import jsonschema
-import kubernetes_validate
 import pytest
 import yaml
+from chart_scenarios import K8S_VERSION, SCENARIOS, pod_templates, scenario, trainer_container
 from helm_python import HelmError, lint
-from k8s_rules import CRD_FILE, pytorchjob_schema, webhook_problems
 
 from operator_scripts.chart import CHART_DIR, ValuesError, documented_keys, merge_values, render
 from trainer.config import from_tree
-
-SCENARIOS = sorted((CHART_DIR / "ci").glob("*-values.yaml"))
-K8S_VERSION = "1.30.0"
-
-
-def scenario(path: Path):
-    return render(merge_values(files=[path]), release="ddp-run", namespace="training")
-
-
-def pod_templates(job: dict) -> dict[str, dict]:
-    return {kind: spec["template"] for kind, spec in job["spec"]["pytorchReplicaSpecs"].items()}
-
-
-def trainer_container(template: dict) -> dict:
-    (container,) = [c for c in template["spec"]["containers"] if c["name"] == "pytorch"]
-    return container
-
 
 # ----- render and lint --------------------------------------------------------------------
 
@@ -183,92 +162,6 @@ def test_bad_values_fail_with_what_to_set(sets, message):
     with pytest.raises(HelmError) as failure:
         render(merge_values(sets=[sets]))
     assert message in str(failure.value)
-
-
-# ----- the PyTorchJob as the operator sees it --------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def crd_schema():
-    schema = pytorchjob_schema()
-    if schema is None:
-        pytest.skip(f"{CRD_FILE} is absent (shared/reference is not beside this checkout)")
-    return schema
-
-
-@pytest.mark.parametrize("path", SCENARIOS, ids=[p.name for p in SCENARIOS])
-def test_pytorchjob_passes_the_crd_schema_strictly(path, crd_schema):
-    job = scenario(path).one("PyTorchJob")
-    jsonschema.validate(job, crd_schema)
-
-
-def test_the_strict_schema_catches_an_unknown_field(crd_schema):
-    job = render().one("PyTorchJob")
-    job["spec"]["elasticPolicy"]["nProcPerNodes"] = 8
-    with pytest.raises(jsonschema.ValidationError, match="nProcPerNodes"):
-        jsonschema.validate(job, crd_schema)
-
-
-@pytest.mark.parametrize("path", SCENARIOS, ids=[p.name for p in SCENARIOS])
-def test_pytorchjob_meets_the_operators_rules(path):
-    job = scenario(path).one("PyTorchJob")
-    assert webhook_problems(job) == []
-
-
-def test_the_rule_checker_catches_what_the_webhook_rejects():
-    job = render().one("PyTorchJob")
-    broken = copy.deepcopy(job)
-    broken["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = "trainer"
-    broken["spec"]["elasticPolicy"]["nProcPerNode"] = 1
-    broken["metadata"]["name"] = "Ddp_Run"
-    assert len(webhook_problems(broken)) == 3
-
-
-@pytest.mark.parametrize("path", SCENARIOS, ids=[p.name for p in SCENARIOS])
-def test_pytorchjob_round_trips_through_the_kubeflow_sdk_model(path):
-    from kubeflow.training.api_client import ApiClient
-
-    job = scenario(path).one("PyTorchJob")
-
-    class Response:
-        data = json.dumps(job)
-
-    client = ApiClient()
-    model = client.deserialize(Response(), "KubeflowOrgV1PyTorchJob")
-    assert client.sanitize_for_serialization(model) == job
-
-
-# ----- built-in kinds, strictly ------------------------------------------------------------
-
-
-@pytest.mark.parametrize("path", SCENARIOS, ids=[p.name for p in SCENARIOS])
-def test_builtin_objects_and_pod_templates_pass_kubernetes_validate_strictly(path):
-    rendered = scenario(path)
-    builtin = [
-        o for o in rendered.objects if o["apiVersion"] in {"v1", "apps/v1", "rbac.authorization.k8s.io/v1"}
-    ]
-    assert builtin
-    for item in builtin:
-        kubernetes_validate.validate(item, K8S_VERSION, strict=True)
-    for kind, template in pod_templates(rendered.one("PyTorchJob")).items():
-        pod_template = {
-            "apiVersion": "v1",
-            "kind": "PodTemplate",
-            "metadata": {"name": kind.lower()},
-            "template": template,
-        }
-        kubernetes_validate.validate(pod_template, K8S_VERSION, strict=True)
-
-
-def test_strict_validation_catches_an_unknown_pod_field():
-    template = pod_templates(render().one("PyTorchJob"))["Worker"]
-    template["spec"]["containers"][0]["gpus"] = 8
-    with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(
-            {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "w"}, "template": template},
-            K8S_VERSION,
-            strict=True,
-        )
 
 
 # ----- what the pods get --------------------------------------------------------------------
