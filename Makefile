@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 TEST_TOOLS := prometheus:prometheus promtool:prometheus kubectl:kubernetes-client unshare:util-linux
 IMAGE_TOOLS := dockerd:docker.io mmdebstrap:mmdebstrap
 # torchrun's restarts reuse no rendezvous store port: without it, 3 of 7 kill-and-restart
-# trials under --standalone hung or failed to connect (shared/reference/FACTS.md)
+# trials under --standalone hung or failed to connect (docs/facts.md, "the rendezvous store")
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE := 1
 
 .PHONY: demo test test-quick gpu-check image image-e2e lint tools image-tools clean

@@ -7,8 +7,13 @@ dropout on (so every rank's RNG streams matter), a snapshot every `--snapshot-ev
 and no durable checkpoint before the end. In each seeded trial one rank, chosen at random,
 is SIGKILLed once rank 0 has logged a step chosen at random; torchrun restarts both, and
 the run resumes from the newest snapshot. Each trial must lose at most `--snapshot-every`
-steps (the trainer's own `resumed from step N (..., L steps lost)`) and end with weights
-and optimizer state bit-identical to one uninterrupted run. Exit status 1 if any does not.
+steps and end with weights and optimizer state bit-identical to one uninterrupted run.
+Exit status 1 if any does not.
+
+The steps lost are measured from outside: the harness kills after reading rank 0's line for
+step K (so the run had completed at least K), and reads the step the restart resumed from;
+K - resumed is at most what was lost. The trainer's own count (`..., L steps lost`) is a
+cross-check: it must be at least K - resumed, and within the bound too.
 """
 
 from __future__ import annotations
@@ -40,22 +45,38 @@ OVERRIDES = (
 class Trial:
     rank: int
     kill_after: int
+    seen_step: int | None  # the step of rank 0's last line before the kill: completed
     resumed_from: int | None
     origin: str | None
-    lost_steps: int | None
+    lost_steps: int | None  # the trainer's own count
     identical: bool
 
+    @property
+    def seen_lost(self) -> int | None:
+        """Steps lost as the harness saw them: at most what was lost."""
+        if self.seen_step is None or self.resumed_from is None:
+            return None
+        return self.seen_step - self.resumed_from
+
     def passed(self, bound: int) -> bool:
-        return self.identical and self.lost_steps is not None and self.lost_steps <= bound
+        seen, told = self.seen_lost, self.lost_steps
+        return (
+            self.identical
+            and seen is not None
+            and told is not None
+            and seen <= bound
+            and seen <= told <= bound
+        )
 
     def describe(self, index: int) -> str:
         resumed = (
-            f"resumed from step {self.resumed_from} ({self.origin}), {self.lost_steps} lost"
+            f"resumed from step {self.resumed_from} ({self.origin}), {self.seen_lost} lost as seen, "
+            f"{self.lost_steps} as the trainer counts"
             if self.resumed_from is not None
             else "did not resume"
         )
         verdict = "bit-identical" if self.identical else "DIFFERENT"
-        killed = f"SIGKILL rank {self.rank} after step {self.kill_after}"
+        killed = f"SIGKILL rank {self.rank} after step {self.seen_step}"
         return f"trial {index}: {killed} -> {resumed}; final state {verdict}"
 
 
@@ -108,7 +129,7 @@ def run_trial(workdir: Path, index: int, rank: int, kill_after: int, every: int,
         stderr=subprocess.DEVNULL,
         text=True,
     )
-    resumed, killed = None, False
+    resumed, killed, seen = None, False, None
     try:
         for line in agent.stdout:
             if not line.startswith("{"):
@@ -116,6 +137,7 @@ def run_trial(workdir: Path, index: int, rank: int, kill_after: int, every: int,
             record = json.loads(line)
             if not killed and record.get("event") == "progress" and record["step"] >= kill_after:
                 killed = kill_rank(agent, rank)
+                seen = record["step"] if killed else None
             if record.get("event") == "plan" and record.get("resumed_from") is not None:
                 resumed = record
         agent.wait(timeout=300)
@@ -126,6 +148,7 @@ def run_trial(workdir: Path, index: int, rank: int, kill_after: int, every: int,
     return Trial(
         rank,
         kill_after,
+        seen,
         resumed and resumed["resumed_from"],
         resumed and resumed["resume_origin"],
         resumed and resumed["lost_steps"],
@@ -163,10 +186,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(trial.describe(index), flush=True)
             trials.append(trial)
-    lost = [trial.lost_steps for trial in trials]
+    lost = [trial.seen_lost for trial in trials]
     passed = sum(trial.passed(args.snapshot_every) for trial in trials)
     print(
-        f"{len(trials)} trials in {time.perf_counter() - started:.0f}s: steps lost {lost} "
+        f"{len(trials)} trials in {time.perf_counter() - started:.0f}s: steps lost as seen {lost} "
         f"(bound {args.snapshot_every}); {passed}/{len(trials)} within it and bit-identical"
     )
     return 0 if passed == len(trials) else 1

@@ -1,5 +1,5 @@
 """What the Kubeflow Training Operator v1.9.4 makes of a PyTorchJob: the defaults it applies,
-its pods' names, labels and injected environment (shared/reference/FACTS.md), as pure
+its pods' names, labels and injected environment (docs/facts.md, with the operator's files), as pure
 functions. File and line references are to kubeflow/trainer at tag v1.9.4."""
 
 from __future__ import annotations

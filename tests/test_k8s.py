@@ -41,9 +41,7 @@ def test_kustomize_builds_valid_objects(target):
         job["spec"]["elasticPolicy"]["minReplicas"] == job["spec"]["elasticPolicy"]["maxReplicas"] == workers
     )
     assert webhook_problems(job) == []
-    schema = pytorchjob_schema()
-    if schema is not None:
-        jsonschema.validate(job, schema)
+    jsonschema.validate(job, pytorchjob_schema())
     for item in objects:
         if item["apiVersion"] == "v1":
             kubernetes_validate.validate(item, K8S_VERSION, strict=True)

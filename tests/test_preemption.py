@@ -5,9 +5,11 @@ from it bit for bit."""
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -57,17 +59,22 @@ def records(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
-def signal_at_step(agent: subprocess.Popen, log: list[str], step: int, signum: int) -> None:
-    """Send `signum` to the launcher once rank 0 has logged progress at `step`."""
+def read_until_step(agent: subprocess.Popen, log: list[str], step: int) -> None:
+    """Read rank 0's output into `log` until its progress line for `step`."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         line = agent.stdout.readline()
-        assert line, "the run ended before the signal"
+        assert line, f"the run ended before step {step}"
         log.append(line)
         if line.startswith("{") and json.loads(line).get("step") == step:
-            agent.send_signal(signum)
             return
     raise AssertionError(f"step {step} never came")
+
+
+def signal_at_step(agent: subprocess.Popen, log: list[str], step: int, signum: int) -> None:
+    """Send `signum` to the launcher once rank 0 has logged progress at `step`."""
+    read_until_step(agent, log, step)
+    agent.send_signal(signum)
 
 
 @pytest.mark.slow
@@ -81,12 +88,17 @@ def test_sigterm_saves_the_step_all_ranks_stopped_at_and_the_restart_is_bit_exac
     stdout, stderr = agent.communicate(timeout=120)
     stop = next(r for r in records("".join(log) + stdout) if r["event"] == "stopped")
     assert agent.returncode == 143
+    # the store's own evidence: one step saved, holding the progress of that step
+    (saved,) = sorted((workdir / "stopped").glob("step-*"))
+    step = int(saved.name.removeprefix("step-"))
+    assert load_checkpoint(workdir / "stopped", step)["progress"]["step"] == step
+    # sent once the step-20 line was read: the signal came during a later step, the stop at
+    # the boundary that step ends or the next (every step is checked on these 64 ms steps)
+    signal_step = stop["signal_step"]
+    assert 20 < signal_step <= step <= signal_step + 1, (signal_step, step)
     assert stop["message"] == (
-        f"stopped by SIGTERM at step {stop['step']} (signal during step {stop['signal_step']}): "
-        f"saved stopped/step-{stop['step']}"
+        f"stopped by SIGTERM at step {step} (signal during step {signal_step}): saved stopped/step-{step}"
     )
-    assert 20 <= stop["signal_step"] <= stop["step"] <= stop["signal_step"] + 1
-    assert sorted(p.name for p in (workdir / "stopped").glob("step-*")) == [f"step-{stop['step']}"]
     assert "Traceback" not in stderr, stderr[-3000:]
 
     resumed = launch(args, workdir, process_env())
@@ -97,6 +109,91 @@ def test_sigterm_saves_the_step_all_ranks_stopped_at_and_the_restart_is_bit_exac
     assert expected["progress"] == got["progress"] and got["progress"]["step"] == 60
     for name, tensor in expected["model"].items():
         assert torch.equal(tensor, got["model"][name]), name
+
+
+QUICK = "model.dropout=0.3,checkpoint.every_steps=1000,log.every_steps=1,log.format=json"
+
+
+def steps_per_check(progress: list[dict], min_interval_ms: float = 20.0) -> int:
+    """The most steps one stop check can span on these steps: the trainer checks every
+    ceil(20 ms / step) steps; the fastest step the run logged gives the widest span."""
+    return math.ceil(min_interval_ms / min(record["step_ms"] for record in progress))
+
+
+@pytest.mark.slow
+def test_sigterm_on_steps_of_a_few_ms_stops_within_two_checks_and_the_restart_is_bit_exact(workdir):
+    """Digits steps take 3-7 ms, so the ranks agree on stopping only every few steps: the stop
+    comes within two check spans of the signal (bounded by the run's own fastest step), is
+    saved, and the restart ends bit for bit as an uninterrupted run."""
+    reference = run_torchrun(["--config", "digits", "--set", f"{QUICK},checkpoint.uri=reference"], workdir)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    args = ["--config", "digits", "--set", f"{QUICK},checkpoint.uri=stopped"]
+    agent, log = launch(args, workdir, process_env()), []
+    signal_at_step(agent, log, 60, signal.SIGTERM)
+    stdout, stderr = agent.communicate(timeout=120)
+    assert agent.returncode == 143, stderr[-3000:]
+    before = [r for r in records("".join(log)) if r["event"] == "progress"]
+    seen = before[-1]["step"]  # the last step the harness had read when it sent the signal
+    (saved,) = sorted((workdir / "stopped").glob("step-*"))
+    step = int(saved.name.removeprefix("step-"))
+    span = steps_per_check(before)
+    assert span > 1, f"steps of {min(r['step_ms'] for r in before)} ms: not the short-step branch"
+    assert seen < step <= seen + 2 * span + 2, (seen, step, span)
+    stopped = [r for r in records(stdout) if r["event"] == "stopped"]
+    assert len(stopped) == 1 and stopped[0]["step"] == step, stopped
+    assert seen < stopped[0]["signal_step"] <= step
+    assert load_checkpoint(workdir / "stopped", step)["progress"]["step"] == step
+
+    resumed = launch(args, workdir, process_env())
+    out, err = resumed.communicate(timeout=180)
+    assert resumed.returncode == 0, err[-3000:]
+    assert f"resumed from step {step} " in out
+    expected, got = load_checkpoint(workdir / "reference"), load_checkpoint(workdir / "stopped")
+    assert expected["progress"] == got["progress"] and got["progress"]["step"] == 190
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, got["model"][name]), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["refused", "too slow"])
+def test_a_stop_whose_save_is_not_published_says_so_and_names_the_newest_checkpoint(
+    s3_bucket, workdir, fault
+):
+    """Step 10 is saved; then the store refuses every upload (503s), or takes longer than
+    torchrun's shutdown deadline. The stop's line says NOT saved and why, and names step 10,
+    the newest checkpoint the store holds; the exit code is still 143, never 0."""
+    prefix = f"not-saved-{fault.replace(' ', '-')}"
+    failing = threading.Event()
+    uploads = lambda method, path: failing.is_set() and method == "PUT" and "/step-" in path  # noqa: E731
+    # refused: 503s, retried once by botocore (standard AWS settings) within a deadline that
+    # leaves time for it; too slow: uploads of 30 s against a deadline of 8
+    if fault == "refused":
+        proxy_options = {"every": 1, "faults": ("503",)}
+        settings = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "30", "AWS_RETRY_MODE": "standard"}
+        settings["AWS_MAX_ATTEMPTS"] = "2"
+    else:
+        proxy_options, settings = {"every": 0, "delay_s": 30}, {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "8"}
+    with FaultProxy(s3_bucket.endpoint, matches=uploads, **proxy_options) as proxy:
+        env = s3_env(proxy.url, TMPDIR=str(workdir), **settings)
+        overrides = (
+            f"{SLOW},checkpoint.every_steps=10,checkpoint.attempts=1,checkpoint.uri={s3_bucket.uri(prefix)}"
+        )
+        agent, log = launch(["--config", "digits", "--set", overrides], workdir, env), []
+        read_until_step(agent, log, 12)
+        deadline = time.monotonic() + 30
+        while s3_bucket.latest_step(prefix) != 10 and time.monotonic() < deadline:
+            time.sleep(0.05)  # step 10's upload is in the background
+        failing.set()
+        agent.send_signal(signal.SIGTERM)
+        stdout, stderr = agent.communicate(timeout=120)
+    assert agent.returncode == 143, stderr[-3000:]
+    assert s3_bucket.latest_step(prefix) == 10  # the store's own word: the stop's step is not there
+    lines = [r["message"] for r in records("".join(log) + stdout) if "stopped by SIGTERM" in r["message"]]
+    assert len(lines) == 1, lines
+    why = (
+        "its write failed" if fault == "refused" else "its write did not finish before the shutdown deadline"
+    )
+    assert lines[0].endswith(f": NOT saved ({why}); the newest checkpoint is step 10"), lines[0]
 
 
 @pytest.mark.slow

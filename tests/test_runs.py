@@ -305,7 +305,7 @@ def test_sigkill_and_restart_resumes_bitwise_identically(workdir):
         ),
         cwd=workdir,
         # as the chart deploys it: with the agent's shared store, a restarted round can read
-        # the previous round's gloo addresses and fail to connect (FACTS.md, pytorch#135712)
+        # the previous round's gloo addresses and fail to connect (docs/facts.md, pytorch#135712)
         env=process_env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

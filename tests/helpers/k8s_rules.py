@@ -1,15 +1,18 @@
 """What the Kubeflow training operator v1.9.4 accepts: its CRD schema made strict, and its
-webhook's rules plus the cautions of shared/reference/FACTS.md, as checks on a PyTorchJob."""
+webhook's rules plus the cautions of docs/facts.md, as checks on a PyTorchJob."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
 
 import yaml
 
-CRD_FILE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "kubeflow.org_pytorchjobs.yaml"
+# the operator's CRD at tag v1.9.4, in the repository with its source (tests/schemas/README.md)
+CRD_FILE = Path(__file__).resolve().parents[1] / "schemas" / "kubeflow.org_pytorchjobs.yaml"
+CRD_SHA256 = "8b8a8a719cc94173169290251e817f7ac2bb425c20b6c2fa813397bcf4e932ed"
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -32,17 +35,19 @@ def strict(schema):
     return result
 
 
-def pytorchjob_schema() -> dict | None:
-    """The v1 openAPIV3Schema of the operator's CRD, strict; None where the file is absent."""
-    if not CRD_FILE.is_file():
-        return None
-    crd = yaml.safe_load(CRD_FILE.read_text())
+def pytorchjob_schema() -> dict:
+    """The v1 openAPIV3Schema of the operator's CRD, strict. The file must be the one
+    tests/schemas/README.md names: a missing or edited copy is an error, not a skip."""
+    data = CRD_FILE.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    assert digest == CRD_SHA256, f"{CRD_FILE} is not the v1.9.4 CRD (sha256 {digest}); see its README"
+    crd = yaml.safe_load(data)
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return strict(version["schema"]["openAPIV3Schema"])
 
 
 def webhook_problems(job: dict) -> list[str]:
-    """The training operator v1.9.4 webhook's rules and the cautions of FACTS.md."""
+    """The training operator v1.9.4 webhook's rules and the cautions of docs/facts.md."""
     problems = []
     name, spec = job["metadata"]["name"], job["spec"]
     if not DNS_1035.match(name) or len(name) > 63:

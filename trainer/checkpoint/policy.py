@@ -48,7 +48,8 @@ class CheckpointPolicy:
         self.pacer = SnapshotPacer() if every == "auto" else None
         self.snapshot_every = AUTO_FIRST if every == "auto" else every
         self.snapshots: SnapshotDir | None = None
-        self.last_saved_step: int | None = None
+        self.last_saved_step: int | None = None  # the last durable save's step
+        self.last_save_step = 0  # the last save's, durable or snapshot only (0: none this run)
         self.writer = CheckpointWriter(
             checkpointer if context.is_main else None,
             config,
@@ -88,10 +89,13 @@ class CheckpointPolicy:
     def start(self) -> None:
         self.writer.start(self.snapshots)
 
-    def resumed_from_store(self, step: int) -> None:
-        """The run resumed from the store's `step`: it is saved, and never deleted by retention."""
-        self.stats.last_success_step = step
-        self.checkpointer.protected.add(step)
+    def resumed(self, step: int, *, from_store: bool) -> None:
+        """The run resumed from `step`: the next snapshot is counted from it, and a step from
+        the store is saved, and never deleted by retention."""
+        self.last_save_step = step
+        if from_store:
+            self.stats.last_success_step = step
+            self.checkpointer.protected.add(step)
 
     def mark(self, step: int) -> None:
         """Record `step` as this node's last completed one (its snapshot folder's counter)."""
@@ -103,7 +107,13 @@ class CheckpointPolicy:
         return finished or bool(every and step % every == 0)
 
     def snapshot_due(self, step: int) -> bool:
-        return bool(self.snapshot_every and step % self.snapshot_every == 0)
+        """A fixed interval N snapshots at multiples of N; `auto` counts its interval from the
+        last save, so that a switch to a shorter one never puts two snapshots closer than it."""
+        if not self.snapshot_every:
+            return False
+        if self.pacer is not None:
+            return step - self.last_save_step >= self.snapshot_every
+        return step % self.snapshot_every == 0
 
     def save(
         self,
@@ -120,6 +130,7 @@ class CheckpointPolicy:
         Each waits at most `wait_s` for the writes before it."""
         if durable:
             self.last_saved_step = step
+        self.last_save_step = step
         rng_states = self._gather_rng()
         if not (self.context.is_main and durable) and self.snapshots is None:
             return

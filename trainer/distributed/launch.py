@@ -53,7 +53,7 @@ POLL_S = 0.2
 ERROR_PREFIX = "trainer: error: "
 # set wherever this project starts torchrun: a restart then makes a fresh store instead of
 # reusing the rendezvous one, which hung or refused connections in 3 of 7 local
-# kill-and-restart trials (shared/reference/FACTS.md)
+# kill-and-restart trials (docs/facts.md, "the rendezvous store"; pytorch/pytorch#135712)
 RDZV_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 

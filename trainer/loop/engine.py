@@ -398,5 +398,4 @@ class Trainer:
             return
         restored = self.state.load(state, self.config, self.context, point.step, self.checkpointer.store.uri)
         self.progress, self.resume_notes, self.resume_point = restored.progress, restored.notes, point
-        if point.snapshot_rank is None:
-            self.checkpoints.resumed_from_store(point.step)
+        self.checkpoints.resumed(point.step, from_store=point.snapshot_rank is None)

@@ -48,7 +48,7 @@ PART_COUNTERS = {
         "Loop bookkeeping between steps: progress gathering, metrics, stop checks.",
     ),
 }
-# bf16 dense peak FLOP/s per device, as peers quote them (FACTS.md); matched by substring
+# bf16 dense peak FLOP/s per device, as peers quote them (docs/facts.md); matched by substring
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
 
 
