@@ -67,6 +67,20 @@ def snapshot_steps(pod_folder: Path) -> list[int]:
     return sorted(int(path.name[5:]) for path in (pod_folder / "volumes" / "dshm").rglob("step-*"))
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """In CI (`CI` set, as .ci/run's runner sets it) only a missing GPU may skip a test: a
+    skip for a missing tool or dependency would hide what `make test` failed to install."""
+    outcome = yield
+    report = outcome.get_result()
+    if not (report.skipped and os.environ.get("CI")) or "gpu" in item.keywords:
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if "CUDA" not in reason:
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, where only a missing GPU may skip a test: {reason}"
+
+
 def assert_lost_within(held: dict[str, int], survivor: str, resumed: int, told: int, bound: int) -> None:
     """What losing a node cost, judged from the harness's own view: `held` is the newest
     snapshot step each pod's /dev/shm held when the harness killed one. The run had completed
@@ -289,10 +303,9 @@ class PrometheusServer:
 @pytest.fixture
 def prometheus_server(tmp_path: Path) -> Iterator[PrometheusServer]:
     """Debian's prometheus on 127.0.0.1 with a temporary TSDB, our alert rules loaded, and
-    a 1 s scrape of `metrics_port`; skips where the binary is absent (.ci/run installs it)."""
+    a 1 s scrape of `metrics_port`. `make test` installs the binary (Debian's 'prometheus')."""
     binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.skip("prometheus is not installed (Debian package 'prometheus'; .ci/run installs it)")
+    assert binary, "prometheus is not installed: `make test` installs Debian's 'prometheus'"
     from operator_scripts.monitoring import RULES_FILE
 
     metrics_port, web_port = free_port(), free_port()

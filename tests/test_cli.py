@@ -1,6 +1,8 @@
 """`ddp-ops`: pure status parsing, rendering and dry-run offline, and the cluster commands
-against recorded API responses (no API server runs on this machine: tests/helpers/replay_api
-serves responses shaped like the API's own over real HTTP; keep such tests few)."""
+against hand-built API responses (no API server runs on this machine: tests/helpers/replay_api
+serves them over real HTTP; keep such tests few). `tests/hand-built/` holds them, written by
+hand in the shape the API server and the operator give: one condition per type, Running and
+Restarting never both (the operator's setCondition and filterOutCondition, pkg/util/status.go)."""
 
 from __future__ import annotations
 
@@ -18,9 +20,9 @@ from replay_api import ReplayApi
 from operator_scripts.cli import main
 from operator_scripts.cluster import format_status, summarize
 
-RECORDED = REPO / "tests" / "recorded"
-JOB = json.loads((RECORDED / "pytorchjob-running.json").read_text())
-PODS = json.loads((RECORDED / "pods.json").read_text())
+HAND_BUILT = REPO / "tests" / "hand-built"
+JOB = json.loads((HAND_BUILT / "pytorchjob-running.json").read_text())
+PODS = json.loads((HAND_BUILT / "pods.json").read_text())
 BASE = "/apis/kubeflow.org/v1/namespaces/training/pytorchjobs"
 BANNER_LOG = "2026-11-29T10:00:09Z rank 0 on host ddp-run-ddp-trainer-worker-1: world size 16\nstep 10/100\n"
 
@@ -127,7 +129,7 @@ def test_no_cluster_is_a_clear_error(capsys, monkeypatch, tmp_path):
     assert "the cluster does not answer" in err and "Traceback" not in err
 
 
-def test_status_and_logs_against_recorded_responses(capsys, monkeypatch, tmp_path):
+def test_status_and_logs_against_hand_built_responses(capsys, monkeypatch, tmp_path):
     pods = "/api/v1/namespaces/training/pods"
     routes = {
         ("GET", f"{BASE}/ddp-run-ddp-trainer"): (200, JOB),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -200,6 +202,25 @@ def test_a_bad_trainer_value_fails_the_job_in_seconds_without_a_restart(tmp_path
     rank0 = outcome.logs["bad-run-ddp-trainer-worker-0"].read_text()
     assert rank0.strip().startswith("trainer: error: model.name='not_in_the_image:build': cannot import")
     assert outcome.summary().startswith("job bad-run-ddp-trainer: Failed (pod bad-run-ddp-trainer-worker-")
+
+
+@pytest.mark.slow
+def test_ddp_ops_local_exits_1_on_a_failed_job_and_its_last_line_says_why(tmp_path):
+    """The command a user types, as a process: its exit status and its last line are the
+    operator's verdict (`job NAME: Failed (reason)`), exit 0 being kept for Succeeded."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "operator_scripts.cli", "local", "-f", str(CPU_VALUES),
+         "--set", NOT_IN_THE_IMAGE, "--release", "bad-run", "--workdir", str(tmp_path / "pods"),
+         "--timeout", "120"],
+        env=process_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )  # fmt: skip
+    assert completed.returncode == 1, completed.stdout + completed.stderr[-3000:]
+    last = completed.stdout.strip().splitlines()[-1]
+    assert last.startswith("job bad-run-ddp-trainer: Failed (pod bad-run-ddp-trainer-worker-"), last
+    assert "exited with code 2, not retryable" in last
 
 
 @pytest.mark.slow

@@ -10,10 +10,11 @@ import json
 import logging
 import re
 import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import free_port, run_torchrun, s3_env, torchrun_command
+from conftest import free_port, process_env, run_torchrun, s3_env, torchrun_command
 from fault_proxy import FaultProxy
 
 from trainer.checkpoint import Checkpointer, CheckpointError, LocalStore, open_store
@@ -111,6 +112,31 @@ def test_nothing_intact_is_refused_rather_than_overwritten_from_step_0(saved):
     message = str(refused.value)
     assert "holds steps 2, 4, 6 but none is intact" in message and "\n" not in message
     assert "refusing to train from step 0 over them" in message
+
+
+@pytest.mark.slow
+def test_a_run_on_a_store_with_nothing_intact_exits_2_in_one_line_and_leaves_it_as_it_was(workdir):
+    """The process, not the exception: a 5-step run saves steps; every manifest is then
+    damaged. A second run exits 2 with one line naming the steps, and every file is as it was."""
+    store = workdir / "store"
+    quick = ["--config", "digits", "--set", f"checkpoint.uri={store},checkpoint.every_steps=2,metrics.port=0"]
+    first = subprocess.run(
+        [sys.executable, "-m", "trainer", *quick, "--set", "train.max_steps=5"],
+        cwd=workdir, env=process_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    for manifest in store.glob("step-*/manifest.json"):
+        manifest.write_bytes(b"garbled")
+    before = {path: path.read_bytes() for path in store.rglob("*") if path.is_file()}
+    second = subprocess.run(
+        [sys.executable, "-m", "trainer", *quick, "--set", "train.max_steps=10"],
+        cwd=workdir, env=process_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert second.returncode == 2, second.stdout + second.stderr[-3000:]
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"trainer: error: checkpoint.uri='{store}': "), lines
+    assert "holds steps 2, 4, 5 but none is intact" in lines[0]
+    assert {path: path.read_bytes() for path in store.rglob("*") if path.is_file()} == before
 
 
 def test_latest_json_is_read_back_after_writing(tmp_path):
