@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import math
 import re
+import signal
 import subprocess
+import sys
 import time
 import urllib.request
 
 import pytest
-from conftest import REPO, process_env, torchrun_command
+from conftest import REPO, process_env
 from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
 
@@ -89,16 +91,33 @@ def rank0_rates(log: str, since: float) -> list[float]:
     return found
 
 
+def scrapes_in_last(server, seconds: int) -> list[float]:
+    """How many scrapes of each rank's step counter Prometheus holds from the last `seconds`."""
+    return values(server.query(f'count_over_time(ddp_train_steps_total{{job="{JOB}"}}[{seconds}s])'))
+
+
 @pytest.mark.slow
 def test_prometheus_scrapes_a_two_rank_run(prometheus_server, workdir):
+    """The run trains until the test has queried everything (then SIGTERM), so no query
+    depends on how fast two loaded cores train: once both ranks are scraped and a checkpoint
+    is committed, the test waits for Prometheus itself to hold ten more scrapes of both,
+    which fills every 5 s and 10 s rate window with steady training."""
     overrides = (
         f"metrics.port={prometheus_server.metrics_port},metrics.peak_flops_per_device=1e11,"
-        "train.epochs=14,checkpoint.every_steps=50,log.every_steps=10,checkpoint.uri=ckpt"
+        "train.epochs=1000,checkpoint.every_steps=50,log.every_steps=10,checkpoint.uri=ckpt"
     )
     output = workdir / "rank0.log"
+    launcher = [
+        sys.executable,
+        "-m",
+        "trainer.distributed.launch",
+        "--",
+        "--standalone",
+        "--nproc_per_node=2",
+    ]
     with open(output, "w") as sink:
         trainer = subprocess.Popen(
-            torchrun_command(["--config", "tokens", "--set", overrides]),
+            [*launcher, "-m", "trainer", "--config", "tokens", "--set", overrides],
             cwd=workdir,
             env=process_env(),
             stdout=sink,
@@ -106,16 +125,25 @@ def test_prometheus_scrapes_a_two_rank_run(prometheus_server, workdir):
             text=True,
         )
         try:
-            deadline = time.monotonic() + 120
-            while len(
-                values(prometheus_server.query(f'ddp_train_steps_total{{job="{JOB}"}}'))
-            ) < 2 or not values(
-                prometheus_server.query(f'ddp_checkpoint_last_success_timestamp_seconds{{job="{JOB}"}}')
-            ):
-                assert trainer.poll() is None and time.monotonic() < deadline, output.read_text()[-3000:]
-                time.sleep(0.5)
-            time.sleep(10)  # ten more scrapes, so 5 s rate windows are full
-            assert trainer.poll() is None, "the run ended before the queries; give it more epochs"
+            deadline = time.monotonic() + 180
+
+            def wait_for(ready) -> None:
+                while not ready():
+                    assert trainer.poll() is None and time.monotonic() < deadline, output.read_text()[-3000:]
+                    time.sleep(0.5)
+
+            checkpoint = f'ddp_checkpoint_last_success_timestamp_seconds{{job="{JOB}"}}'
+            steps = f'ddp_train_steps_total{{job="{JOB}"}}'
+            wait_for(
+                lambda: (
+                    len(values(prometheus_server.query(steps))) == 2
+                    and values(prometheus_server.query(checkpoint))
+                )
+            )
+            since = time.time()  # training is steady: now ten more scrapes of both ranks
+            wait_for(
+                lambda: min(scrapes_in_last(prometheus_server, math.ceil(time.time() - since)) or [0]) >= 10
+            )
             now = time.time()
             exposition = urllib.request.urlopen(
                 f"http://127.0.0.1:{prometheus_server.metrics_port}/metrics"
@@ -138,9 +166,13 @@ def test_prometheus_scrapes_a_two_rank_run(prometheus_server, workdir):
                 )
             )
             rules = prometheus_server.get("/api/v1/rules")
+            trainer.send_signal(signal.SIGTERM)  # done querying: stop, save, leave
         finally:
+            if trainer.poll() is None:
+                trainer.send_signal(signal.SIGTERM)
             trainer.wait(timeout=180)
-    assert trainer.returncode == 0, output.read_text()[-3000:]
+    assert trainer.returncode == 143, output.read_text()[-3000:]
+    assert "stopped by SIGTERM at step" in output.read_text()
 
     for panel in PANELS:
         for target_expr, _ in panel.targets:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fcntl
-import itertools
 import json
 import math
 import os
@@ -171,8 +170,8 @@ def test_progress_lines_split_the_step_and_report_mfu_and_memory(workdir):
 @pytest.mark.slow
 def test_a_slow_rank_is_the_straggler_and_the_split_accounts_for_the_wall_clock(workdir):
     """Rank 1 does 20 ms more work per step: every progress line names it, with a lag near
-    its extra work; rank 0's wait for it is communication. Each line's step time, the
-    parts' sum, matches the wall clock between lines within 5 %."""
+    its extra work; rank 0's wait for it is communication. The lines' step times, each the
+    parts' sum, add up to the wall clock between the lines within 5 %."""
     settings = (
         "model.name=plugins:straggler_model,model.options.rank=1,model.options.delay_s=0.02,"
         "train.batch_size=8,train.max_steps=60,log.every_steps=10,log.format=json,checkpoint.every_steps=0,"
@@ -189,10 +188,13 @@ def test_a_slow_rank_is_the_straggler_and_the_split_accounts_for_the_wall_clock(
         assert line["slowest_rank"] == 1 and line["straggler_lag"] > 0.5, line  # max < 1 at 2 ranks
         assert line["communication_ms"] > 5, line  # the fast rank's wait, averaged over both
         assert sum(line[f"{name}_ms"] for name in PARTS) == pytest.approx(line["step_ms"], abs=1e-3)
-    # the first window warms up; the last line is logged at once, not after one more step
-    for before, after in itertools.pairwise(history[1:-1]):
-        wall_ms = 1000 * (after["time"] - before["time"]) / 10
-        assert after["step_ms"] == pytest.approx(wall_ms, rel=0.05), (before, after)
+    # the steps account for the wall clock: over the steady windows (the first warms up; the
+    # last line is logged at once, not a step later) the lines' step times add up to the time
+    # between their lines. Summed over 30 steps, so one late line's jitter is diluted.
+    steady = history[1:-1]
+    wall_ms = 1000 * (steady[-1]["time"] - steady[0]["time"])
+    timed_ms = sum(10 * line["step_ms"] for line in steady[1:])
+    assert timed_ms == pytest.approx(wall_ms, rel=0.05), (timed_ms, wall_ms, steady)
 
 
 @pytest.mark.slow
