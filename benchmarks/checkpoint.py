@@ -42,7 +42,6 @@ from pathlib import Path
 import psutil
 import torch
 
-from benchmarks.cpu_time import tree_cpu_seconds
 from trainer.checkpoint import Checkpointer, CheckpointWriter, open_store
 from trainer.config import CheckpointConfig
 
@@ -85,12 +84,15 @@ def moto_process() -> Iterator[tuple[str, int]]:
 
 
 def own_cpu_seconds(server_pid: int | None) -> float:
-    """CPU-seconds of this process and its children (the checkpoint writer), the S3 server aside."""
-    me = psutil.Process()
-    total = tree_cpu_seconds(me)
-    if server_pid is not None:
+    """CPU-seconds of this process (every thread, exactly) and of its children (the checkpoint
+    writer, in clock ticks), the S3 server aside."""
+    total = time.process_time()
+    for child in psutil.Process().children(recursive=True):
+        if child.pid == server_pid:
+            continue
         with contextlib.suppress(psutil.Error):
-            total -= tree_cpu_seconds(psutil.Process(server_pid))
+            times = child.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
     return total
 
 
@@ -106,12 +108,13 @@ def model_like_state(megabytes: int) -> dict:
 
 @dataclass(frozen=True)
 class LoopRun:
-    """A compute loop's step durations, the seconds its `save` call blocked, and the
-    CPU-seconds the loop's processes took meanwhile."""
+    """A compute loop's step durations, the seconds its `save` call blocked, the CPU-seconds
+    its processes took meanwhile, and the main thread's CPU-seconds in the steps themselves."""
 
     durations: list[float]
     blocked: float
     cpu_s: float
+    steps_cpu_s: float
 
 
 def compute_loop(
@@ -123,9 +126,9 @@ def compute_loop(
 ) -> LoopRun:
     """Fixed-size matmul steps: `steps` of them, calling `save` before step `steps // 4`,
     and going on while `until()` is false (a write still running); `cpu()` is read before
-    and after."""
+    and after, the main thread's CPU time around each step."""
     a, b = torch.randn(matrix, matrix), torch.randn(matrix, matrix)
-    durations, blocked, step = [], 0.0, 0
+    durations, blocked, steps_cpu, step = [], 0.0, 0.0, 0
     cpu_start = cpu()
     while step < steps or (until is not None and not until()):
         started = time.perf_counter()
@@ -133,10 +136,12 @@ def compute_loop(
             save()
             blocked = time.perf_counter() - started
             started = time.perf_counter()
+        thread_started = time.thread_time()
         a = torch.tanh(a @ b)
+        steps_cpu += time.thread_time() - thread_started
         durations.append(time.perf_counter() - started)
         step += 1
-    return LoopRun(durations, blocked, cpu() - cpu_start)
+    return LoopRun(durations, blocked, cpu() - cpu_start, steps_cpu)
 
 
 def stall_of(run: LoopRun, typical: float) -> float:
@@ -146,10 +151,10 @@ def stall_of(run: LoopRun, typical: float) -> float:
     return run.blocked + sum(max(0.0, seconds - typical) for seconds in run.durations)
 
 
-def save_cpu_of(run: LoopRun, undisturbed: LoopRun) -> float:
-    """The CPU-seconds a save added: the loop's, less what its steps cost undisturbed."""
-    per_step = undisturbed.cpu_s / len(undisturbed.durations)
-    return run.cpu_s - per_step * len(run.durations)
+def save_cpu_of(run: LoopRun) -> float:
+    """The CPU-seconds a save added: everything the loop's processes spent but its steps
+    (the save call, the writer's threads and process, the waits' polling)."""
+    return run.cpu_s - run.steps_cpu_s
 
 
 def measure_stall(
@@ -176,16 +181,15 @@ def measure_stall(
     }
     try:
         for repeat in range(repeats):
-            undisturbed = compute_loop(matrix, steps, cpu=cpu)
-            typical = statistics.median(undisturbed.durations)
+            typical = statistics.median(compute_loop(matrix, steps).durations)
             save = partial(sync.save, state, step=2 + repeat, epoch=0, world_size=1, durable=True)
             run = compute_loop(matrix, steps, save, cpu=cpu)
             figures["sync"].append(stall_of(run, typical))
-            figures["sync_cpu"].append(save_cpu_of(run, undisturbed))
+            figures["sync_cpu"].append(save_cpu_of(run))
             save = partial(background.save, state, step=100 + repeat, epoch=0, world_size=1, durable=True)
             run = compute_loop(matrix, steps, save, until=lambda: background.wait(timeout=0), cpu=cpu)
             figures["background"].append(stall_of(run, typical))
-            figures["background_cpu"].append(save_cpu_of(run, undisturbed))
+            figures["background_cpu"].append(save_cpu_of(run))
             figures["copy"].append(background.stats.last_stall_seconds)
     finally:
         background.close(120)

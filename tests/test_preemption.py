@@ -77,6 +77,19 @@ def signal_at_step(agent: subprocess.Popen, log: list[str], step: int, signum: i
     agent.send_signal(signum)
 
 
+def resume_to_the_reference(args: list[str], workdir: Path, step: int, *, last_step: int) -> None:
+    """Run `args` again: it resumes from the stop's `step` and ends, at `last_step`, with the
+    uninterrupted run's (`reference`) weights and progress, bit for bit."""
+    resumed = launch(args, workdir, process_env())
+    out, err = resumed.communicate(timeout=180)
+    assert resumed.returncode == 0, err[-3000:]
+    assert f"resumed from step {step} " in out
+    expected, got = load_checkpoint(workdir / "reference"), load_checkpoint(workdir / "stopped")
+    assert expected["progress"] == got["progress"] and got["progress"]["step"] == last_step
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, got["model"][name]), name
+
+
 @pytest.mark.slow
 def test_sigterm_saves_the_step_all_ranks_stopped_at_and_the_restart_is_bit_exact(workdir):
     reference = run_torchrun(["--config", "digits", "--set", f"{SLOW},checkpoint.uri=reference"], workdir)
@@ -101,14 +114,7 @@ def test_sigterm_saves_the_step_all_ranks_stopped_at_and_the_restart_is_bit_exac
     )
     assert "Traceback" not in stderr, stderr[-3000:]
 
-    resumed = launch(args, workdir, process_env())
-    out, err = resumed.communicate(timeout=180)
-    assert resumed.returncode == 0, err[-3000:]
-    assert f"resumed from step {stop['step']}" in out
-    expected, got = load_checkpoint(workdir / "reference"), load_checkpoint(workdir / "stopped")
-    assert expected["progress"] == got["progress"] and got["progress"]["step"] == 60
-    for name, tensor in expected["model"].items():
-        assert torch.equal(tensor, got["model"][name]), name
+    resume_to_the_reference(args, workdir, stop["step"], last_step=60)
 
 
 QUICK = "model.dropout=0.3,checkpoint.every_steps=1000,log.every_steps=1,log.format=json"
@@ -144,14 +150,7 @@ def test_sigterm_on_steps_of_a_few_ms_stops_within_two_checks_and_the_restart_is
     assert seen < stopped[0]["signal_step"] <= step
     assert load_checkpoint(workdir / "stopped", step)["progress"]["step"] == step
 
-    resumed = launch(args, workdir, process_env())
-    out, err = resumed.communicate(timeout=180)
-    assert resumed.returncode == 0, err[-3000:]
-    assert f"resumed from step {step} " in out
-    expected, got = load_checkpoint(workdir / "reference"), load_checkpoint(workdir / "stopped")
-    assert expected["progress"] == got["progress"] and got["progress"]["step"] == 190
-    for name, tensor in expected["model"].items():
-        assert torch.equal(tensor, got["model"][name]), name
+    resume_to_the_reference(args, workdir, step, last_step=190)
 
 
 @pytest.mark.slow
