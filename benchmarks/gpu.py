@@ -94,7 +94,8 @@ def measure(nproc: int, steps: int, *, reduced: bool = False, peak_tflops: float
     overrides = [*(REDUCED if reduced else FULL), *COMMON, f"train.max_steps={steps}"]
     if peak_tflops:
         overrides.append(f"metrics.peak_flops_per_device={peak_tflops * 1e12:g}")
-    return figures(*trainer_records(nproc, overrides, log_every=max(1, steps // 10), config="tokens"))
+    run = trainer_records(nproc, overrides, log_every=max(1, steps // 10), config="tokens")
+    return figures(run.start, run.steady)
 
 
 def main(argv: list[str] | None = None) -> int:

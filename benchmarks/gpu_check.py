@@ -60,7 +60,8 @@ def check_run(report: Report, nproc: int, device: str, steps: int) -> None:
     """A DDP run of the tokens transformer, and its step split checked."""
     overrides = [*RUN, f"train.device={device}", f"train.max_steps={steps}"]
     try:
-        start, records = trainer_records(nproc, overrides, log_every=10, config="tokens")
+        run = trainer_records(nproc, overrides, log_every=10, config="tokens")
+        start, records = run.start, run.steady
     except RuntimeError as error:
         report.add(False, f"{nproc}-process {device} run failed: {str(error).strip().splitlines()[-1]}")
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -94,23 +95,34 @@ def config_args(overrides: list[str], config: str | None) -> list[str]:
     return [*chosen, *(arg for override in overrides for arg in ("--set", override))]
 
 
+@dataclass(frozen=True)
+class TrainerRecords:
+    """Rank 0's start record, its steady progress records (the first `WARMUP_WINDOWS` left
+    out), and the run's CPU-seconds per 1,000 samples over them."""
+
+    start: dict
+    steady: list[dict]
+    cpu_per_1000: float
+
+
 def trainer_records(
     nproc: int, overrides: list[str], *, log_every: int, config: str | None = None
-) -> tuple[dict, list[dict], float]:
+) -> TrainerRecords:
     """`torchrun -m trainer` with JSON logs and a throwaway checkpoint folder (those settings
-    come last, so they win over `overrides`): rank 0's start record, its steady progress
-    records (the first `WARMUP_WINDOWS` left out) and the CPU-seconds per 1,000 samples
-    over them (from the previous record's time to the last one's)."""
+    come last, so they win over `overrides`). The CPU time counts from the last warm-up
+    record's time to the last record's."""
     with tempfile.TemporaryDirectory() as workdir:
         fixed = f"checkpoint.uri={workdir}/ckpt,log.format=json,log.every_steps={log_every}"
         launched = torchrun(nproc, ["-m", "trainer", *config_args([*overrides, fixed], config)], workdir)
     records = [json.loads(line) for line in launched.stdout.splitlines() if line.startswith("{")]
     start = next(record for record in records if record["event"] == "start")
     progress = [record for record in records if record["event"] == "progress"]
-    before, last = progress[WARMUP_WINDOWS - 1], progress[-1]
-    samples = (last["step"] - before["step"]) * start["global_batch"]
-    cpu = per_thousand(launched.cpu.between(before["time"], last["time"]), samples)
-    return start, progress[WARMUP_WINDOWS:], cpu
+    cpu = math.nan  # too short a run to have steady windows
+    if len(progress) > WARMUP_WINDOWS:
+        before, last = progress[WARMUP_WINDOWS - 1], progress[-1]
+        samples = (last["step"] - before["step"]) * start["global_batch"]
+        cpu = per_thousand(launched.cpu.between(before["time"], last["time"]), samples)
+    return TrainerRecords(start, progress[WARMUP_WINDOWS:], cpu)
 
 
 def run_trainer(
@@ -121,14 +133,15 @@ def run_trainer(
     config: str | None = None,
 ) -> TrainerRun:
     """One trainer run's steady-state figures."""
-    start, steady, cpu = trainer_records(nproc, overrides, log_every=log_every, config=config)
+    run = trainer_records(nproc, overrides, log_every=log_every, config=config)
+    steady = run.steady
     return TrainerRun(
         statistics.median(record["samples_per_second"] for record in steady),
-        cpu,
+        run.cpu_per_1000,
         statistics.mean(record["step_ms"] for record in steady),
         {field: statistics.mean(record[field] for record in steady) for field in SPLIT_FIELDS},
-        start["parameters"],
-        start["global_batch"] // nproc,
+        run.start["parameters"],
+        run.start["global_batch"] // nproc,
     )
 
 
