@@ -33,13 +33,14 @@ def test_seeded_fault_trials_lose_at_most_the_snapshot_interval_and_end_bit_iden
     assert completed.returncode == 0, completed.stdout + completed.stderr[-3000:]
     trial = (
         r"SIGKILL rank \d after step (\d+) -> resumed from step (\d+) \(snapshot on [^)]+\), "
-        r"(\d+) lost as seen, (\d+) as the trainer counts; final state bit-identical"
+        r"(-?\d+) lost as seen, (\d+) as the trainer counts; final state bit-identical"
     )
     trials = [tuple(map(int, found)) for found in re.findall(trial, completed.stdout)]
     assert len(trials) == 2, completed.stdout
     for seen, resumed, seen_lost, told in trials:  # the harness's figures decide, the trainer's agree
-        assert resumed % 5 == 0 and seen_lost == seen - resumed and 0 <= seen - resumed <= 5, trials
-        assert seen - resumed <= told <= 5, trials
+        # the run may have passed a snapshot between the line and the kill: seen - resumed < 0
+        assert resumed % 5 == 0 and seen_lost == seen - resumed <= 5, trials
+        assert max(seen - resumed, 0) <= told <= 5, trials
 
 
 SLOW = (
