@@ -48,7 +48,7 @@ class CheckpointPolicy:
         self.pacer = SnapshotPacer() if every == "auto" else None
         self.snapshot_every = AUTO_FIRST if every == "auto" else every
         self.snapshots: SnapshotDir | None = None
-        self.last_saved_step: int | None = None  # the last durable save's step
+        self.last_durable_step: int | None = None
         self.last_save_step = 0  # the last save's, durable or snapshot only (0: none this run)
         self.writer = CheckpointWriter(
             checkpointer if context.is_main else None,
@@ -129,7 +129,7 @@ class CheckpointPolicy:
         builds the saved tree around the gathered RNG streams, only on a rank that writes.
         Each waits at most `wait_s` for the writes before it."""
         if durable:
-            self.last_saved_step = step
+            self.last_durable_step = step
         self.last_save_step = step
         rng_states = self._gather_rng()
         if not (self.context.is_main and durable) and self.snapshots is None:

@@ -373,7 +373,7 @@ class Trainer:
         collective). One line says which."""
         self._report_progress()
         step = self.progress.step
-        if self.checkpoints.last_saved_step != step:
+        if self.checkpoints.last_durable_step != step:
             self._save(wait_s=min(self.stop.write_budget(), self.solo_budget_s))
         if not self.context.is_main:
             return
