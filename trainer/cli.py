@@ -21,6 +21,7 @@ from trainer.checkpoint.writer import spawn_writer
 from trainer.config import CheckpointConfig, Config, ConfigError, bundled_config_names, dump_yaml, load_config
 from trainer.config.argparsing import OneLineParser
 from trainer.data import DATASETS, build_data
+from trainer.distributed.heartbeat import Heartbeat, heartbeat_dir
 from trainer.distributed.preemption import Stopped, StopSignal
 from trainer.distributed.process_group import (
     DistContext,
@@ -30,6 +31,7 @@ from trainer.distributed.process_group import (
     read_env,
     select_device,
 )
+from trainer.distributed.watchdog import start_watchdog
 from trainer.loop.engine import Trainer
 from trainer.loop.plan import steps_per_epoch
 from trainer.models import MODELS, build_model
@@ -130,19 +132,32 @@ def refuse_overwrite(config: Config, checkpointer: Checkpointer) -> None:
 def train(config: Config, context: DistContext) -> int:
     """Build data, model and store (failing fast), then train inside the process group. A
     rank that writes checkpoints or snapshots spawns its writer process first, so that the
-    writer's start-up overlaps the run's."""
+    writer's start-up overlaps the run's; under torchrun the node's first rank starts the
+    node's watchdog, and every rank keeps its heartbeat record from here on."""
     logger = setup_logging(config.log, context)
     writes = context.is_main or (context.is_node_main and config.checkpoint.snapshot_every_steps != 0)
     writer = spawn_writer() if config.checkpoint.async_save and writes else None
+    heartbeat = Heartbeat(heartbeat_dir(context.run_id, context.restart_count), context.rank, config.watchdog)
+    watchdog = None
+    if config.watchdog.enabled and context.launched_by_torchrun and context.is_node_main:
+        watchdog = start_watchdog(
+            heartbeat.folder, config.log.format, config.watchdog.poll_s, config.watchdog.first_s
+        )
     try:
-        return _train(config, context, logger, writer)
+        return _train(config, context, logger, writer, heartbeat)
     finally:
-        if writer is not None:
-            writer.stdin.close()  # a no-op once the Trainer has handed it its last message
+        heartbeat.close()
+        for child in (writer, watchdog):
+            if child is not None:
+                child.stdin.close()  # a no-op for a writer the Trainer has handed its last message
 
 
 def _train(
-    config: Config, context: DistContext, logger: logging.Logger, writer: subprocess.Popen | None
+    config: Config,
+    context: DistContext,
+    logger: logging.Logger,
+    writer: subprocess.Popen | None,
+    heartbeat: Heartbeat,
 ) -> int:
     try:
         rng.seed_everything(config.seed)
@@ -179,6 +194,7 @@ def _train(
                     logger,
                     metrics,
                     stop,
+                    heartbeat,
                     lineage,
                     writer,
                 )

@@ -2,7 +2,7 @@
 
 They wrap the real digits data: one slows reading down so a test can kill a worker
 mid-run, one records which sample indices each rank reads; a model can make one rank a
-straggler."""
+straggler, or stall one rank's step and slow every evaluation down."""
 
 from __future__ import annotations
 
@@ -83,3 +83,32 @@ class SlowOnOneRank(nn.Module):
 def straggler_model(config: ModelConfig, spec: DataSpec) -> nn.Module:
     options = config.options
     return SlowOnOneRank(linear_model(config, spec), int(options["rank"]), float(options["delay_s"]))
+
+
+class Stalling(nn.Module):
+    """The linear model, whose `stall_at`-th training forward on rank `rank` sleeps for
+    `stall_s` in the first generation of workers only (a deadlock, a stuck kernel), and
+    whose every evaluation forward sleeps `eval_delay_s` (a slow validation)."""
+
+    def __init__(self, inner: nn.Module, options: dict) -> None:
+        super().__init__()
+        self.inner = inner
+        first_generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        stalls = first_generation and int(os.environ.get("RANK", "0")) == int(options.get("rank", -1))
+        self.stall_at = int(options.get("stall_at", 0)) if stalls else 0
+        self.stall_s = float(options.get("stall_s", 0))
+        self.eval_delay_s = float(options.get("eval_delay_s", 0))
+        self.forwards = 0
+
+    def forward(self, inputs):
+        if self.training:
+            self.forwards += 1
+            if self.forwards == self.stall_at:
+                time.sleep(self.stall_s)
+        else:
+            time.sleep(self.eval_delay_s)
+        return self.inner(inputs)
+
+
+def stalling_model(config: ModelConfig, spec: DataSpec) -> nn.Module:
+    return Stalling(linear_model(config, spec), config.options)

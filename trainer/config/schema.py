@@ -175,6 +175,24 @@ class DistConfig:
 
 
 @dataclass(config=_SECTION)
+class WatchdogConfig:
+    """Finding a rank that stops making progress (`trainer.distributed.watchdog`).
+
+    Each phase (a step, validation, a checkpoint's blocking part, ...) may take `multiple`
+    times its longest recent duration, at least `floor_s`; start-up, the resume and a
+    phase not yet seen may take `first_s`. A number for `timeout_s` fixes every seen
+    phase's limit instead. A rank over its limit is named, its stack printed, and it is
+    killed, so that torchrun restarts the group from the newest snapshot."""
+
+    enabled: bool = True
+    timeout_s: Literal["auto"] | PositiveFloat = "auto"
+    multiple: Annotated[float, Field(ge=1)] = 5.0
+    floor_s: PositiveFloat = 5.0
+    first_s: PositiveFloat = 600.0
+    poll_s: Annotated[float, Field(gt=0, le=10)] = 0.5
+
+
+@dataclass(config=_SECTION)
 class LogConfig:
     """Rank-0 progress log: text for humans or JSON lines for machines."""
 
@@ -193,6 +211,7 @@ class Config:
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     dist: DistConfig = dataclasses.field(default_factory=DistConfig)
+    watchdog: WatchdogConfig = dataclasses.field(default_factory=WatchdogConfig)
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
     seed: NonNegativeInt = 0
 

@@ -25,6 +25,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
+from trainer.distributed.process_group import wait_for_peers
 from trainer.telemetry.log import event
 
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
@@ -83,7 +84,7 @@ class StopSignal:
     def stop_training(self) -> None:
         self.deferring = False
         if self.pending is not None:
-            self.pending.wait()
+            wait_for_peers(self.pending)
             self.pending = None
 
     def poll(self, step: int, step_seconds: float) -> None:
@@ -94,7 +95,7 @@ class StopSignal:
         the same values at the same step, so they start and read the same collectives."""
         self.step = step
         if self.pending is not None:
-            self.pending.wait()
+            wait_for_peers(self.pending)
             self.pending = None
             signum, interval = self.flag.tolist()
             if signum:

@@ -124,6 +124,12 @@ def peer_lost(error: BaseException) -> str | None:
     return first_line.split(". ")[0].rstrip(".")  # the first sentence: what happened, not advice
 
 
+def wait_for_peers(work: dist.Work) -> None:
+    """Wait for an asynchronous collective. Named so, a rank blocked here reads as waiting
+    for its peers in a stack dump (`trainer.distributed.watchdog`), not as the hung one."""
+    work.wait()
+
+
 def broadcast_flag(value: bool, device: torch.device) -> bool:
     """Rank 0's decision, seen identically by every rank."""
     flag = torch.tensor([1 if value else 0], device=device)

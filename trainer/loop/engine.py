@@ -24,6 +24,8 @@ from trainer.checkpoint.recovery import ResumePoint, recover
 from trainer.checkpoint.training_state import TrainingState
 from trainer.config import Config
 from trainer.data import DataSplits, eval_loader, train_loader
+from trainer.distributed import heartbeat as phases
+from trainer.distributed.heartbeat import Heartbeat
 from trainer.distributed.preemption import Stopped, StopSignal, report_stop
 from trainer.distributed.process_group import DistContext, broadcast_flag
 from trainer.loop.early_stopping import EarlyStopping
@@ -52,14 +54,16 @@ class Trainer:
         logger: logging.Logger,
         metrics: Metrics,
         stop: StopSignal,
+        heartbeat: Heartbeat,
         lineage: str | None = None,
         writer_process: subprocess.Popen | None = None,
     ) -> None:
         """`lineage` is the store's history id, known to rank 0 (see `Checkpointer.lineage`);
-        `writer_process` the writer spawned early for this rank, if it writes anything."""
+        `writer_process` the writer spawned early for this rank, if it writes anything.
+        `heartbeat` is this rank's progress record, for the node's watchdog."""
         self.config, self.context, self.device = config, context, device
         self.splits, self.checkpointer, self.log, self.metrics = splits, checkpointer, logger, metrics
-        self.stop = stop
+        self.stop, self.heartbeat = stop, heartbeat
         # what rank 0 or one node may spend alone while its peers wait in a collective
         self.solo_budget_s = config.dist.timeout_s / 2
         self.checkpoints = CheckpointPolicy(
@@ -127,7 +131,8 @@ class Trainer:
 
     def _run(self) -> dict[str, Any]:
         self.checkpoints.open_snapshots(self.state.size_bytes(self.config.optim))
-        self._restore()
+        with self.heartbeat.phase(phases.RESUME):
+            self._restore()
         self._plan()
         self.checkpoints.start()
         self.model = DistributedDataParallel(
@@ -157,12 +162,14 @@ class Trainer:
             self._fit()
         if self.last_validated != self.progress.step:
             self._validate()
-        if not self.checkpoints.wait(self.solo_budget_s):
-            self.log.warning("the last checkpoint write is still running; testing meanwhile")
-        self.checkpoints.drop_snapshots_once_durable(self.progress.step, self.solo_budget_s)
+        with self.heartbeat.phase(phases.FINISH, limit_s=2 * self.solo_budget_s):  # rank 0 waits alone
+            if not self.checkpoints.wait(self.solo_budget_s):
+                self.log.warning("the last checkpoint write is still running; testing meanwhile")
+            self.checkpoints.drop_snapshots_once_durable(self.progress.step, self.solo_budget_s)
         self.metrics.checkpoints(self.checkpoints.stats)
         self.metrics.flush()
-        test = self._evaluate(self.splits.test) if len(self.splits.test) else {}
+        with self.heartbeat.phase(phases.TEST):
+            test = self._evaluate(self.splits.test) if len(self.splits.test) else {}
         summary = {
             "steps": self.progress.step,
             "epochs_completed": self.progress.epoch,
@@ -219,7 +226,7 @@ class Trainer:
             with lapped(self.clock, None):
                 self._end_epoch()
             if self._finished():
-                with lapped(self.clock, CHECKPOINT):
+                with lapped(self.clock, CHECKPOINT), self.heartbeat.phase(phases.CHECKPOINT):
                     self._save(wait_s=self.solo_budget_s)
             return
         batches = iter(self.loader)
@@ -240,6 +247,7 @@ class Trainer:
             )
             self.clock.end_step()
             progress.step += 1
+            self.heartbeat.beat(progress.step)
             progress.epoch_position += samples_per_step
             progress.samples += samples_per_step
             self.lr = self.schedule.apply(self.optimizer, progress.samples)
@@ -262,7 +270,7 @@ class Trainer:
             durable = self.checkpoints.durable_due(progress.step, done)
             if durable or self.checkpoints.snapshot_due(progress.step):
                 self._report_progress()
-                with lapped(self.clock, CHECKPOINT):
+                with lapped(self.clock, CHECKPOINT), self.heartbeat.phase(phases.CHECKPOINT):
                     self._save(wait_s=self.solo_budget_s, durable=durable)
             if epoch_done or done:
                 return
@@ -337,7 +345,8 @@ class Trainer:
         self.progress.stopped_early = stop
 
     def _validate(self) -> dict[str, float]:
-        metrics = self._evaluate(self.splits.val)
+        with self.heartbeat.phase(phases.VALIDATION):
+            metrics = self._evaluate(self.splits.val)
         self.val_metrics, self.last_validated = metrics, self.progress.step
         self.metrics.validation(metrics["loss"], metrics["accuracy"])
         log_validation(self.log, self.progress.step, metrics)
@@ -373,6 +382,7 @@ class Trainer:
         collective). One line says which."""
         self._report_progress()
         step = self.progress.step
+        self.heartbeat.enter(phases.FINISH, limit_s=2 * self.solo_budget_s)
         if self.checkpoints.last_durable_step != step:
             self._save(wait_s=min(self.stop.write_budget(), self.solo_budget_s))
         if not self.context.is_main:

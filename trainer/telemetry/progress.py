@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from trainer.distributed.process_group import DistContext
+from trainer.distributed.process_group import DistContext, wait_for_peers
 from trainer.telemetry.log import duration, event, plural
 from trainer.telemetry.metrics import Metrics
 from trainer.telemetry.step_split import StepSplit
@@ -132,7 +132,7 @@ class ProgressLog:
         pending, self.pending = self.pending, None
         if pending is None:
             return None
-        pending.work.wait()
+        wait_for_peers(pending.work)
         table = torch.stack(pending.gathered).cpu()
         if self.context.is_main:
             self._report(pending, table)

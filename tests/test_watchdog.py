@@ -1,0 +1,269 @@
+"""A rank that stops making progress: found from its heartbeat record by the node's
+watchdog, named with its stack, killed, and the run resumes bit-exact. Real processes
+throughout: the watchdog's own tests judge real stopped, sleeping and waiting processes;
+the runs are real torchrun jobs, a rank stopped with SIGSTOP or stalled in its forward."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from conftest import process_env, s3_env, torchrun_command
+from fault_proxy import FaultProxy
+
+from trainer.config import WatchdogConfig
+from trainer.distributed.heartbeat import STEP, VALIDATION, Heartbeat, PhaseLimits, read_records
+from trainer.distributed.watchdog import Watchdog
+
+# ------------------------------------------------------------------ limits and records
+
+
+def test_a_phase_may_take_a_multiple_of_its_longest_recent_time_and_at_least_the_floor():
+    limits = PhaseLimits(WatchdogConfig(multiple=5, floor_s=2, first_s=300))
+    assert limits.limit(STEP) == 300  # not seen yet
+    for seconds in (0.1, 0.9, 0.2):
+        limits.observe(STEP, seconds)
+    assert limits.limit(STEP) == pytest.approx(4.5)
+    for _ in range(200):  # two buckets of steps later the slow one is forgotten
+        limits.observe(STEP, 0.1)
+    assert limits.limit(STEP) == 2  # the floor
+    limits.observe(VALIDATION, 3.0)
+    assert limits.limit(VALIDATION) == 15
+    fixed = PhaseLimits(WatchdogConfig(timeout_s=42))
+    fixed.observe(STEP, 0.1)
+    assert fixed.limit(STEP) == 42
+
+
+def test_a_record_reads_back_what_the_rank_wrote(tmp_path):
+    heartbeat = Heartbeat(tmp_path, 3, WatchdogConfig(floor_s=1))
+    heartbeat.beat(7)
+    heartbeat.beat(8)
+    (record,) = read_records(tmp_path)
+    assert (record.pid, record.rank, record.step, record.phase) == (os.getpid(), 3, 8, STEP)
+    assert record.limit_s == 1 and not record.overdue(time.monotonic())
+    with heartbeat.phase(VALIDATION, limit_s=0.01):
+        time.sleep(0.05)
+        (inside,) = read_records(tmp_path)
+        assert inside.phase == VALIDATION and inside.overdue(time.monotonic())
+    heartbeat.close()
+    assert read_records(tmp_path) == []
+
+
+# ------------------------------------------------------------- the watchdog's judgement
+
+RANK_PROCESS = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from trainer.config import WatchdogConfig
+    from trainer.distributed.heartbeat import Heartbeat
+
+    def wait_for_peers():  # what a rank blocked in a collective shows
+        time.sleep(600)
+
+    def deadlock():  # what a hung rank shows
+        time.sleep(600)
+
+    heartbeat = Heartbeat(Path(sys.argv[1]), int(sys.argv[2]), WatchdogConfig(timeout_s=0.5))
+    heartbeat.beat(1)
+    heartbeat.beat(2)  # step 2 seen, so its limit is the fixed 0.5 s
+    print("ready", flush=True)
+    {"wait": wait_for_peers, "hang": deadlock, "spin": lambda: time.sleep(600)}[sys.argv[3]]()
+    """
+)
+
+
+def start_rank(folder: Path, rank: int, behaviour: str) -> subprocess.Popen:
+    process = subprocess.Popen(
+        [sys.executable, "-c", RANK_PROCESS, str(folder), str(rank), behaviour],
+        env=process_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout.readline().strip() == "ready"
+    return process
+
+
+def test_a_stopped_rank_is_named_with_its_stack_and_killed(tmp_path, capsys):
+    rank = start_rank(tmp_path, 1, "spin")
+    try:
+        rank.send_signal(signal.SIGSTOP)
+        watchdog = Watchdog(tmp_path, "node-a", wait_limit_s=60)
+        assert watchdog.check() == []  # within its limit
+        time.sleep(0.6)
+        (removed,) = watchdog.check()
+        assert rank.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        rank.kill()
+    line, *stack = capsys.readouterr().err.splitlines()
+    assert removed.rank == 1
+    assert "rank 1 on node-a made no progress for" in line
+    assert "in step after step 2 (limit 0.5s); its process is stopped" in line
+    assert any("<lambda>" in frame for frame in stack), stack  # answered once let run
+
+
+def test_a_rank_waiting_for_peers_is_not_blamed_and_the_hung_one_is(tmp_path, capsys):
+    waiting, hung = start_rank(tmp_path, 0, "wait"), start_rank(tmp_path, 1, "hang")
+    try:
+        time.sleep(0.6)
+        watchdog = Watchdog(tmp_path, "node-a", wait_limit_s=3)
+        assert [record.rank for record in watchdog.check()] == [1]
+        assert hung.wait(timeout=10) == -signal.SIGKILL
+        assert waiting.poll() is None
+        line = capsys.readouterr().err.splitlines()[0]
+        assert "rank 1 on node-a" in line and "its main thread is not waiting for a peer" in line
+        time.sleep(3)  # past the wait limit: the peer it waits for will not come
+        assert [record.rank for record in watchdog.check()] == [0]
+        assert waiting.wait(timeout=10) == -signal.SIGKILL
+        assert "it has waited for a peer on another node over 3s" in capsys.readouterr().err
+    finally:
+        waiting.kill()
+        hung.kill()
+
+
+# ------------------------------------------------------------------------ whole runs
+
+RUN = (
+    "model.name=plugins:stalling_model,model.dropout=0.3,train.epochs=4,log.every_steps=1,"
+    "log.format=json,metrics.port=0,checkpoint.every_steps=1000,checkpoint.snapshot_every_steps=5"
+)
+
+
+def launch(workdir: Path, overrides: str, *, restarts: int = 1, env: dict | None = None) -> subprocess.Popen:
+    command = torchrun_command(["--set", overrides], nproc=2)
+    command.insert(command.index("--standalone") + 1, f"--max-restarts={restarts}")
+    return subprocess.Popen(
+        command,
+        cwd=workdir,
+        env=env or process_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def records(agent: subprocess.Popen, on_record=None, timeout: float = 240) -> tuple[list[dict], str]:
+    """The run's JSON lines (each handed to `on_record` as it comes) and its stderr."""
+    stderr: list[str] = []
+    reader = threading.Thread(target=lambda: stderr.extend(agent.stderr), daemon=True)
+    reader.start()
+    seen = []
+    for line in agent.stdout:
+        if line.startswith("{"):
+            seen.append(json.loads(line))
+            if on_record is not None:
+                on_record(seen[-1])
+    agent.wait(timeout=timeout)
+    reader.join(timeout=10)
+    return seen, "".join(stderr)
+
+
+def worker_of(agent: subprocess.Popen, rank: int) -> psutil.Process:
+    for child in psutil.Process(agent.pid).children(recursive=True):
+        try:
+            if child.environ().get("RANK") == str(rank) and "trainer" in child.cmdline():
+                return child
+        except psutil.NoSuchProcess:
+            continue
+    raise AssertionError(f"no worker of rank {rank}")
+
+
+def final_state(folder: Path) -> dict:
+    step = json.loads((folder / "latest.json").read_text())["step"]
+    return torch.load(folder / f"step-{step}" / "checkpoint.pt", weights_only=True)
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    assert a["progress"] == b["progress"]
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """One uninterrupted run of the job the fault runs repeat."""
+    workdir = tmp_path_factory.mktemp("reference")
+    uri = workdir / "checkpoints"
+    overrides = f"{RUN},checkpoint.uri={uri},checkpoint.snapshot_dir={workdir / 'snapshots'}"
+    seen, stderr = records(launch(workdir, overrides, restarts=0))
+    assert seen[-1]["event"] == "summary", stderr[-3000:]
+    return final_state(uri)
+
+
+def resumed_from(seen: list[dict]) -> dict:
+    (plan,) = [record for record in seen if record.get("event") == "plan" and record.get("resumed_from")]
+    return plan
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_is_found_within_seconds_and_the_run_ends_bit_exact(workdir, reference):
+    uri = workdir / "checkpoints"
+    overrides = f"{RUN},checkpoint.uri={uri},checkpoint.snapshot_dir={workdir / 'snapshots'}"
+    agent = launch(workdir, overrides)
+    stopped: dict = {}
+
+    def stop_rank_1(record: dict) -> None:
+        if not stopped and record.get("event") == "progress" and record["step"] >= 30:
+            worker_of(agent, 1).send_signal(signal.SIGSTOP)
+            stopped.update(step=record["step"], at=time.monotonic())
+        if record.get("event") == "hang":
+            stopped["found_after_s"] = time.monotonic() - stopped["at"]
+
+    seen, stderr = records(agent, stop_rank_1)
+    assert agent.returncode == 0, stderr[-3000:]
+    (hang,) = [record for record in seen if record.get("event") == "hang"]
+    assert (hang["rank"], hang["state"]) == (1, "stopped")
+    assert hang["step"] >= stopped["step"] - 1 and hang["phase"] in {"step", "checkpoint"}
+    assert stopped["found_after_s"] < 10  # the harness's clock, from the SIGSTOP to the line
+    plan = resumed_from(seen)
+    assert plan["resume_origin"].startswith("snapshot on")
+    assert stopped["step"] - plan["resumed_from"] <= 5  # at most one snapshot interval seen lost
+    assert_same_state(final_state(uri), reference)
+
+
+@pytest.mark.slow
+def test_a_rank_stalled_in_its_forward_is_blamed_not_the_one_waiting_for_it(workdir, reference):
+    uri = workdir / "checkpoints"
+    stall = "model.options.rank=1,model.options.stall_at=40,model.options.stall_s=600"
+    overrides = f"{RUN},{stall},checkpoint.uri={uri},checkpoint.snapshot_dir={workdir / 'snapshots'}"
+    seen, stderr = records(launch(workdir, overrides))
+    assert seen[-1]["event"] == "summary", stderr[-3000:]
+    (hang,) = [record for record in seen if record.get("event") == "hang"]
+    assert (hang["rank"], hang["state"], hang["step"]) == (1, "hung", 39)
+    assert "its main thread is not waiting for a peer" in hang["message"]
+    assert "plugins.py" in hang["stack"][0] and "in forward" in hang["stack"][0]
+    assert 39 - resumed_from(seen)["resumed_from"] <= 5
+    assert_same_state(final_state(uri), reference)
+
+
+@pytest.mark.slow
+def test_slow_validation_checkpoint_and_resume_download_are_no_hang(s3_bucket, workdir):
+    """Each of them takes over 20 steps' time and longer than a step's limit (a floor of
+    0.5 s): they are phases of their own. While rank 0 uploads alone, rank 1 waits in its
+    next step past that step's limit: waiting, it is not blamed."""
+    slow_objects = lambda method, path: "checkpoint.pt" in path  # noqa: E731
+    with FaultProxy(s3_bucket.endpoint, every=0, matches=slow_objects, delay_s=1.5) as proxy:
+        env = s3_env(proxy.url, TMPDIR=str(workdir))
+        overrides = (
+            f"{RUN},model.options.eval_delay_s=0.5,watchdog.floor_s=0.5,checkpoint.async_save=false,"
+            f"checkpoint.snapshot_every_steps=0,checkpoint.every_steps=10,checkpoint.uri={s3_bucket.uri('slow')}"
+        )
+        started = time.monotonic()
+        first, stderr = records(launch(workdir, f"{overrides},train.max_steps=30", restarts=0, env=env))
+        assert first[-1]["event"] == "summary", stderr[-3000:]
+        second, stderr = records(launch(workdir, f"{overrides},train.max_steps=40", restarts=0, env=env))
+        assert second[-1]["event"] == "summary", stderr[-3000:]
+    assert time.monotonic() - started > 10  # the delays were real: 4 uploads, a download, validations
+    assert resumed_from(second)["resumed_from"] == 30
+    assert [record for record in first + second if record.get("event") == "hang"] == []
+    assert s3_bucket.latest_step("slow") == 40

@@ -1,0 +1,227 @@
+"""`python -m trainer.distributed.watchdog`: one per node, outside the workers, it finds a
+rank that has stopped making progress and removes it.
+
+It reads this node's heartbeat records (`trainer.distributed.heartbeat`) every `poll_s`.
+A rank past its phase's limit is judged:
+- its process is stopped (state T: SIGSTOP, a debugger): it is the hung one;
+- otherwise its Python stacks are asked for (SIGUSR1: faulthandler writes them from C,
+  so a main thread blocked in native code still answers). A main thread inside a
+  collective (torch.distributed, the DDP backward's all-reduce, `wait_for_peers`) is
+  waiting for a peer: not blamed. Any other is the hung one.
+- a rank that has waited longer than `wait_limit_s` (the config's `first_s`) is removed
+  too: the peer it waits for is on another node whose watchdog did not act (a frozen pod,
+  which the kubelet's liveness probe restarts). Shorter waits are a peer's slow phase
+  (rank 0 writing a checkpoint alone), which other nodes cannot see.
+The hung rank is named in one line (rank, host, phase, last step, silence, limit) with
+its stack after it, then stopped for good: SIGCONT (a stopped process cannot run its
+stack dump) and SIGKILL. torchrun sees a failed worker, restarts the group, and the run
+resumes from the newest snapshot.
+
+It reads from stdin only to notice its parent (the node's first rank) exit: end of input
+ends it. It imports neither torch nor the trainer's config, so it starts in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from trainer.distributed.heartbeat import STACK_SIGNAL, Record, read_records, stack_file
+
+STACK_WAIT_S = 0.5
+_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)")
+_FRAME = re.compile(r'^\s+File "(?P<path>[^"]*)", line (?P<line>\d+) in (?P<function>\S+)')
+WAITING_FUNCTIONS = {"wait_for_peers", "_engine_run_backward"}
+# DDP's own code (buffer broadcasts, the reducer) and torch.distributed's wait for peers
+WAITING_PATHS = ("/torch/distributed/", "/torch/nn/parallel/distributed.py")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the watchdog made of an overdue rank."""
+
+    state: str  # "stopped", "waiting" or "hung"
+    stack: list[str]
+
+    @property
+    def blamed(self) -> bool:
+        return self.state != "waiting"
+
+
+def main_thread_stack(dump: str, thread: int) -> list[str]:
+    """The frame lines of `thread` in a faulthandler dump, most recent call first."""
+    frames: list[str] = []
+    current = None
+    for line in dump.splitlines():
+        if match := _THREAD.match(line):
+            current = int(match[1], 16)
+        elif current == thread and _FRAME.match(line):
+            frames.append(line.strip())
+    return frames
+
+
+def is_waiting(frames: Sequence[str]) -> bool:
+    """Whether the innermost frame is a wait for peers: in torch.distributed or DDP's own
+    code, the backward (whose all-reduce waits for every rank) or `wait_for_peers`."""
+    match = _FRAME.match("  " + frames[0]) if frames else None
+    return bool(match) and (
+        any(part in match["path"] for part in WAITING_PATHS) or match["function"] in WAITING_FUNCTIONS
+    )
+
+
+class Watchdog:
+    """Watches one node's records in `folder` and removes hung ranks."""
+
+    def __init__(self, folder: Path, host: str, wait_limit_s: float, log_format: str = "text") -> None:
+        self.folder, self.host, self.log_format = folder, host, log_format
+        self.wait_limit_s = wait_limit_s
+        self.removed: set[int] = set()  # pids already killed
+
+    def check(self, now: float | None = None) -> list[Record]:
+        """One look at every record: the ranks removed by it."""
+        now = time.monotonic() if now is None else now
+        removed = []
+        for record in read_records(self.folder):
+            if record.pid in self.removed or not record.overdue(now):
+                continue
+            try:
+                process = psutil.Process(record.pid)
+                stopped = process.status() == psutil.STATUS_STOPPED
+            except psutil.NoSuchProcess:
+                continue  # it exited: torchrun's business
+            verdict = Verdict("stopped", []) if stopped else self.judge(record)
+            if verdict.blamed or record.silent_s(now) > self.wait_limit_s:
+                self.remove(record, verdict, now)
+                removed.append(record)
+        return removed
+
+    def judge(self, record: Record) -> Verdict:
+        frames = self.stack(record)
+        return Verdict("waiting" if is_waiting(frames) else "hung", frames)
+
+    def stack(self, record: Record, *, resume: bool = False) -> list[str]:
+        """The rank's main-thread stack, asked for by signal; [] when it does not answer.
+        With `resume`, the stopped process is let run so that it can answer."""
+        path = stack_file(self.folder, record.rank)
+        try:
+            path.write_bytes(b"")
+            os.kill(record.pid, STACK_SIGNAL)
+            if resume:
+                os.kill(record.pid, signal.SIGCONT)
+        except OSError:
+            return []
+        deadline = time.monotonic() + STACK_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            frames = main_thread_stack(path.read_text(errors="replace"), record.main_thread)
+            if frames:
+                return frames
+        return []
+
+    def remove(self, record: Record, verdict: Verdict, now: float) -> None:
+        """One line naming the rank, its stack, then SIGCONT and SIGKILL."""
+        frames = verdict.stack or (self.stack(record, resume=True) if verdict.state == "stopped" else [])
+        why = {
+            "stopped": "its process is stopped (SIGSTOP, or a debugger)",
+            "hung": "its main thread is not waiting for a peer",
+            "waiting": f"it has waited for a peer on another node over {self.wait_limit_s:.0f}s",
+        }[verdict.state]
+        silent = record.silent_s(now)
+        message = (
+            f"rank {record.rank} on {self.host} made no progress for {silent:.1f}s in {record.phase} "
+            f"after step {record.step} (limit {record.limit_s:.1f}s); {why}: killing it (pid {record.pid}) "
+            "so that torchrun restarts the group from the newest snapshot"
+        )
+        self.say(message, record, verdict.state, silent, frames)
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(record.pid, sig)
+            except ProcessLookupError:
+                break
+        self.removed.add(record.pid)
+
+    def say(self, message: str, record: Record, state: str, silent: float, frames: list[str]) -> None:
+        if self.log_format == "json":
+            document = {
+                "time": round(time.time(), 3),
+                "level": "error",
+                "rank": record.rank,
+                "event": "hang",
+                "message": message,
+                "host": self.host,
+                "phase": record.phase,
+                "step": record.step,
+                "silent_s": round(silent, 2),
+                "limit_s": round(record.limit_s, 2),
+                "state": state,
+                "stack": frames,
+            }
+            print(json.dumps(document), flush=True)
+            return
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        lines = [f"{stamp} watchdog: {message}"]
+        if frames:
+            lines.append(f"watchdog: rank {record.rank}'s main thread, most recent call first:")
+            lines += [f"    {frame}" for frame in frames]
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def watch(watchdog: Watchdog, poll_s: float, running: threading.Event) -> None:
+    """Check every `poll_s` while `running` is set."""
+    while running.is_set():
+        watchdog.check()
+        time.sleep(poll_s)
+
+
+def start_watchdog(folder: Path, log_format: str, poll_s: float, wait_limit_s: float) -> subprocess.Popen:
+    """This node's watchdog, a child of the node's first rank that outlives its freezing
+    (its own session: torchrun's kill of the workers' groups does not reach it) and ends
+    with its exit (its stdin closes)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainer.distributed.watchdog", str(folder), "--format", log_format,
+         "--poll-s", str(poll_s), "--wait-limit-s", str(wait_limit_s)],
+        stdin=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.distributed.watchdog", description=__doc__)
+    parser.add_argument("folder", type=Path, help="this node's heartbeat records")
+    parser.add_argument("--poll-s", type=float, default=0.5)
+    parser.add_argument("--wait-limit-s", type=float, default=600.0)
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument("--host", default=socket.gethostname())
+    args = parser.parse_args(argv)
+    running = threading.Event()
+    running.set()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the trainer
+    watchdog = Watchdog(args.folder, args.host, args.wait_limit_s, args.format)
+    watcher = threading.Thread(target=watch, args=(watchdog, args.poll_s, running), daemon=True)
+    watcher.start()
+    sys.stdin.buffer.read()  # until the parent exits
+    running.clear()
+    watcher.join()
+    shutil.rmtree(args.folder, ignore_errors=True)  # this generation's records
+    with contextlib.suppress(OSError):
+        args.folder.parent.rmdir()  # the run's, once no generation is left
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
