@@ -11,18 +11,21 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer.checkpoint import Checkpointer, open_store, rng
+from trainer.checkpoint.lease import Lease, job_id
+from trainer.checkpoint.policy import NotDurable
 from trainer.checkpoint.writer import spawn_writer
 from trainer.config import CheckpointConfig, Config, ConfigError, bundled_config_names, dump_yaml, load_config
 from trainer.config.argparsing import OneLineParser
-from trainer.data import DATASETS, build_data
+from trainer.data import DATASETS, DataSplits, build_data
 from trainer.distributed.heartbeat import Heartbeat, heartbeat_dir
-from trainer.distributed.preemption import Stopped, StopSignal
+from trainer.distributed.preemption import LEASE_LOST, Stopped, StopSignal
 from trainer.distributed.process_group import (
     DistContext,
     cuda_available,
@@ -152,6 +155,56 @@ def train(config: Config, context: DistContext) -> int:
                 child.stdin.close()  # a no-op for a writer the Trainer has handed its last message
 
 
+@dataclass
+class Prepared:
+    """What a run builds before its process group: data, model, store, and rank 0's
+    lineage and lease."""
+
+    splits: DataSplits
+    module: torch.nn.Module
+    checkpointer: Checkpointer
+    lineage: str | None = None
+    lease: Lease | None = None
+
+
+def prepare(config: Config, context: DistContext, stop: StopSignal) -> Prepared:
+    """Build data, model and store; on rank 0 probe the store, take its lease before
+    writing anything, then clean up and find the lineage. Raises ConfigError, holding no
+    lease then."""
+    rng.seed_everything(config.seed)
+    splits = build_data(config.data, config.seed)
+    module = build_model(config.model, splits.spec)
+    steps_per_epoch(len(splits.train), config.train, context.world_size)
+    checkpointer = Checkpointer(
+        open_store(config.checkpoint), config.checkpoint.keep_last, cache_dir(config.checkpoint)
+    )
+    prepared = Prepared(splits, module, checkpointer)
+    if not context.is_main:
+        return prepared
+    checkpointer.store.prepare()
+    if config.checkpoint.lease:
+        prepared.lease = take_lease(config, context, checkpointer, stop)
+    try:
+        checkpointer.store.clean_staging(checkpointer.cache)
+        refuse_overwrite(config, checkpointer)
+        prepared.lineage = checkpointer.lineage(fresh=not config.checkpoint.resume)
+    except BaseException:
+        if prepared.lease is not None:
+            prepared.lease.release()
+        raise
+    return prepared
+
+
+def take_lease(config: Config, context: DistContext, checkpointer: Checkpointer, stop: StopSignal) -> Lease:
+    """Rank 0's hold on the checkpoint location (ConfigError naming a live owner): every
+    commit is fenced by it, and losing it stops the run."""
+    lease = Lease(checkpointer.store, job_id(context.run_id), context.run_id, config.checkpoint.lease_s)
+    lease.acquire()
+    checkpointer.fence = lease.fence
+    lease.start(on_lost=lambda owner: stop.request(LEASE_LOST, owner))
+    return lease
+
+
 def _train(
     config: Config,
     context: DistContext,
@@ -159,50 +212,57 @@ def _train(
     writer: subprocess.Popen | None,
     heartbeat: Heartbeat,
 ) -> int:
+    stop = StopSignal()
     try:
-        rng.seed_everything(config.seed)
-        splits = build_data(config.data, config.seed)
-        module = build_model(config.model, splits.spec)
-        steps_per_epoch(len(splits.train), config.train, context.world_size)
-        checkpointer = Checkpointer(
-            open_store(config.checkpoint), config.checkpoint.keep_last, cache_dir(config.checkpoint)
-        )
-        lineage = None
-        if context.is_main:
-            checkpointer.store.prepare()
-            checkpointer.store.clean_staging(checkpointer.cache)
-            refuse_overwrite(config, checkpointer)
-            lineage = checkpointer.lineage(fresh=not config.checkpoint.resume)
+        prepared = prepare(config, context, stop)
     except ConfigError as error:
         return report(error, context)
-    stop = StopSignal()
-    stop.install()
+    try:
+        return _train_in_group(config, context, logger, writer, heartbeat, stop, prepared)
+    finally:
+        if prepared.lease is not None:
+            prepared.lease.release()
+
+
+def _train_in_group(
+    config: Config,
+    context: DistContext,
+    logger: logging.Logger,
+    writer: subprocess.Popen | None,
+    heartbeat: Heartbeat,
+    stop: StopSignal,
+    prepared: Prepared,
+) -> int:
     rng.seed_everything(config.seed * 65537 + context.rank + 1)  # distinct dropout per rank
     device = select_device(config.train.device, context)
     prepare_multiprocess_dir(config.metrics, context)
     metrics = start_metrics(config.metrics, context, run_info(config, context), device, logger)
     try:
         with process_group(context, device, config.dist.timeout_s):
+            # only now: a SIGTERM while the group forms (a peer that refused to start, and is
+            # gone) must end this process at once, and the default action does so where a
+            # Python handler would wait for TCPStore's connect loop in C++ to give up
+            stop.install()
             try:
                 trainer = Trainer(
                     config,
                     context,
                     device,
-                    splits,
-                    module,
-                    checkpointer,
+                    prepared.splits,
+                    prepared.module,
+                    prepared.checkpointer,
                     logger,
                     metrics,
                     stop,
                     heartbeat,
-                    lineage,
+                    prepared.lineage,
                     writer,
                 )
                 trainer.run()
             except ConfigError as error:
                 return report(error, context)
-            except Stopped as stopped:  # every rank stopped together: leave together
-                return stopped.exit_code
+            except (Stopped, NotDurable) as ended:  # every rank stopped together: leave together
+                return ended.exit_code
     except RuntimeError as error:  # DistError is one; outside the group, which a lost peer cannot close
         if (reason := peer_lost(error)) is None:
             raise

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from trainer.checkpoint.lease import LeaseFence
 from trainer.checkpoint.store import CheckpointStore
 from trainer.config import ConfigError
 
@@ -50,10 +51,14 @@ class Checkpointer:
     Checkpoints are read from a local file: the store's own for a directory, a download
     into the node-local `cache` for S3, so that each node downloads once."""
 
-    def __init__(self, store: CheckpointStore, keep_last: int, cache: Path) -> None:
+    def __init__(
+        self, store: CheckpointStore, keep_last: int, cache: Path, fence: LeaseFence | None = None
+    ) -> None:
+        """`fence`, on the rank that holds the location's lease, is checked before every publish."""
         self.store = store
         self.keep_last = keep_last
         self.cache = cache
+        self.fence = fence
         self.protected: set[int] = set()
         self._loaded: tuple[int, dict[str, Any]] | None = None
 
@@ -197,16 +202,29 @@ class Checkpointer:
 
     def commit(self, step: int, staging: Path, started: float | None = None) -> SavedCheckpoint:
         """Publish a staged step, then name it in `latest.json` (read back), then apply
-        retention; the staging folder is consumed."""
+        retention; the staging folder is consumed. Each of the two publishes is fenced by
+        the lease: a run that lost it writes over nothing of the new owner's."""
         started = time.perf_counter() if started is None else started
         size = (staging / CHECKPOINT_FILE).stat().st_size
+        self._check_fence(staging)
         self.store.publish(step, staging, [CHECKPOINT_FILE, MANIFEST_FILE])
         pointer = _json({"step": step, "path": f"step-{step}"})
+        self._check_fence()
         self.store.put(LATEST_FILE, pointer)
         if self.store.get(LATEST_FILE) != pointer:  # read back: a store may acknowledge and lose it
             raise OSError(f"{self.store.uri}/{LATEST_FILE} does not read back as written")
         self._apply_retention(step)
         return SavedCheckpoint(step, self.store.location(step), size, time.perf_counter() - started)
+
+    def _check_fence(self, staging: Path | None = None) -> None:
+        if self.fence is None:
+            return
+        try:
+            self.fence.check(self.store)
+        except BaseException:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
 
     def keep_newest(self, count: int) -> None:
         """Remove all but the newest `count` steps."""

@@ -24,6 +24,24 @@ from trainer.telemetry.progress import Window
 from trainer.telemetry.timing import CHECKPOINT
 
 
+class NotDurable(Exception):
+    """The run ended without the store holding its newest state: it must not exit 0 (the
+    operator would mark the job Succeeded and delete the pods, snapshots and all)."""
+
+    exit_code = 1  # a failed worker: torchrun restarts it, ddp-launch relaunches it
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"step {step} is not saved")
+        self.step = step
+
+
+def describe_holders(holders: list[tuple[str, int]]) -> str:
+    """Where the state newer than the store's is: `in the snapshots on pod-0 (step 90)`."""
+    if not holders:
+        return "nowhere else: no snapshot holds it"
+    return "in the snapshots on " + ", ".join(f"{host} (step {step})" for host, step in holders)
+
+
 class CheckpointPolicy:
     """One rank's side of saving: which steps are saved, the collective every save needs
     (each rank's RNG streams), and the hand-over to its writer if this rank writes."""
@@ -63,6 +81,11 @@ class CheckpointPolicy:
     def stats(self) -> CheckpointStats:
         return self.writer.stats
 
+    @property
+    def write_in_flight(self) -> bool:
+        """Whether this rank's writer is still busy with an earlier save."""
+        return self.writer.busy
+
     def open_snapshots(self, state_bytes: int) -> None:
         """This node's snapshots (its first rank only), when they are on and fit: the
         lineage comes from rank 0, and a snapshot directory without room for two is one
@@ -91,11 +114,14 @@ class CheckpointPolicy:
 
     def resumed(self, step: int, *, from_store: bool) -> None:
         """The run resumed from `step`: the next snapshot is counted from it, and a step from
-        the store is saved, and never deleted by retention."""
+        the store is saved, and never deleted by retention. Resumed from a snapshot, rank 0
+        still knows the store's newest step (what `latest.json` names), for its lines."""
         self.last_save_step = step
         if from_store:
             self.stats.last_success_step = step
             self.checkpointer.protected.add(step)
+        elif self.context.is_main:
+            self.stats.last_success_step = self.checkpointer.committed_step()
 
     def mark(self, step: int) -> None:
         """Record `step` as this node's last completed one (its snapshot folder's counter)."""
@@ -182,15 +208,40 @@ class CheckpointPolicy:
         """Wait for the write in flight; False if it is still running after `timeout_s`."""
         return self.writer.wait(timeout_s)
 
-    def drop_snapshots_once_durable(self, step: int, timeout_s: float) -> None:
+    def is_durable(self, step: int) -> bool:
+        """Whether the store holds `step`, as rank 0 knows it, on every rank. A collective."""
+        return broadcast_flag(self.context.is_main and self.stats.last_success_step == step, self.device)
+
+    def drop_snapshots(self, timeout_s: float) -> None:
         """At the end of a run whose final step the store holds, the node-local snapshots
-        are redundant memory: every node's first rank removes them. A collective."""
-        if not self.snapshot_every:
-            return
-        durable = self.context.is_main and self.stats.last_success_step == step
-        if broadcast_flag(durable, self.device) and self.snapshots is not None:
+        are redundant memory: every node's first rank removes them."""
+        if self.snapshots is not None:
             self.writer.close(timeout_s)
             self.snapshots.remove()
+
+    def snapshot_holders(self, timeout_s: float) -> list[tuple[str, int]]:
+        """Every node's host and newest snapshot step, once the snapshot in flight is written
+        (for up to `timeout_s`), on rank 0. A collective."""
+        held = None
+        if self.snapshots is not None:
+            self.writer.wait_staged(timeout_s)
+            held = self.stats.last_snapshot_step
+        mine = (self.context.hostname, held)
+        everyone: list[tuple[str, int | None]] = [mine] * self.context.world_size
+        dist.all_gather_object(everyone, mine)
+        return sorted({(host, step) for host, step in everyone if step is not None})
+
+    def report_not_durable(self, step: int, timeout_s: float) -> NotDurable:
+        """Every rank: the run's end, whose newest state the store lacks. Rank 0 says in one
+        line what the store holds and where the newer state still is."""
+        where = describe_holders(self.snapshot_holders(timeout_s))
+        if self.context.is_main:
+            self.log.error(
+                "step %d is NOT saved: %s holds step %s at newest; the newer state is %s. Exit %d: "
+                "a restart resumes from the snapshots and saves again once the store takes writes",
+                step, self.checkpointer.store.uri, self.stats.last_success_step, where, NotDurable.exit_code,
+            )  # fmt: skip
+        return NotDurable(step)
 
     def newest_location(self, step: int) -> str | None:
         """The store's newest checkpoint as rank 0 knows it (`step` on the other ranks)."""

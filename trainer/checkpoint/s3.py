@@ -27,6 +27,8 @@ from trainer.checkpoint.store import CheckpointStore
 from trainer.config import ConfigError
 
 _STEP_PREFIX = re.compile(r"step-(\d+)/$")
+# a failed precondition (412), the loser of a race (409), an If-Match on a deleted key (404)
+_CONDITION_FAILED = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey", "404"}
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "AllAccessDisabled"}
 
 
@@ -34,6 +36,10 @@ def _client_config() -> BotoConfig:
     """Retries by botocore's own modes; the environment's AWS_RETRY_MODE/AWS_MAX_ATTEMPTS win."""
     retries = {} if "AWS_RETRY_MODE" in os.environ else {"retries": {"mode": "standard", "max_attempts": 6}}
     return BotoConfig(connect_timeout=10, read_timeout=60, **retries)
+
+
+def _code(error: ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
 
 
 class S3Store(CheckpointStore):
@@ -119,6 +125,36 @@ class S3Store(CheckpointStore):
         if not self._download(name, buffer):
             return None
         return buffer.getvalue()
+
+    def get_versioned(self, name: str) -> tuple[bytes, str] | None:
+        try:
+            answer = self.client.get_object(Bucket=self.bucket, Key=self._key(name))
+        except ClientError as error:
+            if _code(error) in {"404", "NoSuchKey"}:
+                return None
+            raise
+        return answer["Body"].read(), answer["ETag"]
+
+    def put_if(self, name: str, data: bytes, version: str | None) -> str | None:
+        """PutObject with If-None-Match: * or If-Match: ETag. S3 answers 412 when the
+        condition fails and 409 to the loser of two racing conditional writes."""
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        try:
+            answer = self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data, **condition)
+        except ClientError as error:
+            if _code(error) in _CONDITION_FAILED:
+                return None
+            raise
+        return str(answer["ETag"])
+
+    def delete_if(self, name: str, version: str) -> bool:
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(name), IfMatch=version)
+        except ClientError as error:
+            if _code(error) in _CONDITION_FAILED:
+                return False
+            raise
+        return True
 
     def local_path(self, name: str, cache: Path) -> Path:
         return cache / self.bucket / self._key(name)

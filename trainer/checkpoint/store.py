@@ -6,11 +6,15 @@ at once or not at all, `put` replaces one small file atomically (used for `lates
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import re
 import shutil
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from trainer.config import ConfigError
@@ -49,6 +53,21 @@ class CheckpointStore(ABC):
     @abstractmethod
     def get(self, name: str) -> bytes | None:
         """A small file's bytes (`latest.json`, a manifest), or None when it is absent."""
+
+    @abstractmethod
+    def get_versioned(self, name: str) -> tuple[bytes, str] | None:
+        """A small file's bytes and a version that changes with every write (S3's ETag), or
+        None when it is absent: what `put_if` compares against."""
+
+    @abstractmethod
+    def put_if(self, name: str, data: bytes, version: str | None) -> str | None:
+        """Write `name` only if it is absent (`version` None) or still at `version`, as one
+        atomic step: its new version, or None when that precondition fails (another writer
+        came first)."""
+
+    @abstractmethod
+    def delete_if(self, name: str, version: str) -> bool:
+        """Remove `name` only if it is still at `version`; False otherwise."""
 
     @abstractmethod
     def local_path(self, name: str, cache: Path) -> Path:
@@ -123,6 +142,38 @@ class LocalStore(CheckpointStore):
             return (self.root / name).read_bytes()
         except FileNotFoundError:
             return None
+
+    def get_versioned(self, name: str) -> tuple[bytes, str] | None:
+        data = self.get(name)
+        return None if data is None else (data, hashlib.sha256(data).hexdigest())
+
+    def put_if(self, name: str, data: bytes, version: str | None) -> str | None:
+        with self._locked(name):
+            current = self.get_versioned(name)
+            if (current[1] if current else None) != version:
+                return None
+            self.put(name, data)
+            return hashlib.sha256(data).hexdigest()
+
+    def delete_if(self, name: str, version: str) -> bool:
+        with self._locked(name):
+            current = self.get_versioned(name)
+            if current is None or current[1] != version:
+                return False
+            (self.root / name).unlink()
+            return True
+
+    @contextmanager
+    def _locked(self, name: str) -> Iterator[None]:
+        """An exclusive lock beside `name` for a compare-and-swap: flock(2), which holds
+        between processes and hosts on one filesystem (NFS v4 included) and goes with its holder."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / f".{name}.lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def local_path(self, name: str, cache: Path) -> Path:
         return self.root / name

@@ -128,6 +128,7 @@ class CheckpointWriter:
             cache=self.cache,
             snapshots=snapshots,
             attempts=self.attempts,
+            fence=None if self.durable is None else self.durable.fence,
         )
         self._send(setup)
         self._buffer = SharedStateBuffer()
@@ -189,6 +190,15 @@ class CheckpointWriter:
             if not done.wait(left):
                 return False
         return True
+
+    @property
+    def busy(self) -> bool:
+        """An earlier save is still being staged or published."""
+        return not (self._staged.is_set() and self._durable_idle.is_set())
+
+    def wait_staged(self, timeout: float) -> bool:
+        """Block until the last save handed over is staged (its snapshot, if any, written)."""
+        return self._staged.wait(timeout)
 
     def close(self, timeout: float) -> None:
         """Let the last write finish, for up to `timeout` seconds, and let the writer go."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from trainer.checkpoint.lease import LeaseFence
 from trainer.checkpoint.location import open_store
 from trainer.checkpoint.manager import Checkpointer
 from trainer.checkpoint.shared_state import SharedStateReader
@@ -47,6 +48,7 @@ class WriterSetup:
     cache: Path
     snapshots: SnapshotDir | None
     attempts: int
+    fence: LeaseFence | None = None
 
 
 def _receive(inbox: BinaryIO) -> object | None:
@@ -69,7 +71,7 @@ def serve(inbox: BinaryIO, outbox: BinaryIO) -> None:
 
     durable = None
     if setup.durable is not None:
-        durable = Checkpointer(open_store(setup.durable), setup.durable.keep_last, setup.cache)
+        durable = Checkpointer(open_store(setup.durable), setup.durable.keep_last, setup.cache, setup.fence)
     snapshots = setup.snapshots.checkpointer() if setup.snapshots is not None else None
     work = SaveWork(durable, snapshots, setup.attempts, emit)
     reader = SharedStateReader()

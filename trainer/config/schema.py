@@ -133,7 +133,9 @@ class CheckpointConfig:
     which a restart resumes when it is newer than the store's checkpoint. `cache_dir` is the node-local
     folder for downloaded checkpoints (default: the system temp dir). `s3_checksum` is what
     S3 verifies per part on upload; the manifest's sha256 covers the whole object end to
-    end whichever is chosen (SHA256 on the wire costs ~20% throughput)."""
+    end whichever is chosen (SHA256 on the wire costs ~20% throughput). With `lease`, rank 0
+    holds the location's lease (`lease.json`, renewed every `lease_s`), so that a second job
+    on the same location is refused (`trainer.checkpoint.lease`)."""
 
     uri: str = "checkpoints"
     every_steps: NonNegativeInt = 50
@@ -145,6 +147,8 @@ class CheckpointConfig:
     snapshot_every_steps: Literal["auto"] | NonNegativeInt = "auto"
     snapshot_dir: str = "/dev/shm/ddp-trainer-snapshots"
     cache_dir: str = ""
+    lease: bool = True
+    lease_s: Annotated[float, Field(ge=1)] = 10.0
     multipart_chunk_mb: Annotated[int, Field(strict=True, ge=5)] = 8
     s3_checksum: Literal["CRC32", "SHA256"] = "CRC32"
     max_concurrency: PositiveInt = 10

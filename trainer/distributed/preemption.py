@@ -30,20 +30,22 @@ from trainer.telemetry.log import event
 
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 SAFETY_MARGIN_S = 3.0
+LEASE_LOST = 256  # not a signal: rank 0 found another run holding the checkpoint lease
+EXIT_LEASE_LOST = 2  # permanent: a retry would be refused the lease
 
 
 class Stopped(Exception):
-    """Every rank stopped at a step boundary because one of them got `signum`."""
+    """Every rank stopped at a step boundary because one of them got `signum` (or LEASE_LOST)."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
+        super().__init__("a lost checkpoint lease" if signum == LEASE_LOST else signal.Signals(signum).name)
         self.signum = signum
 
     @property
     def exit_code(self) -> int:
         """128 + the signal, as a container killed by it reports: retryable for the operator,
-        and never 0, which would mark an elastic job Succeeded."""
-        return 128 + self.signum
+        and never 0, which would mark an elastic job Succeeded. A lost lease is permanent."""
+        return EXIT_LEASE_LOST if self.signum == LEASE_LOST else 128 + self.signum
 
 
 class StopSignal:
@@ -51,6 +53,7 @@ class StopSignal:
 
     def __init__(self, min_interval_s: float = 0.02) -> None:
         self.signum: int | None = None
+        self.detail = ""
         self.received_at = 0.0
         self.step = 0  # steps completed, as of the last poll
         self.received_during: int | None = None  # the step in progress when the signal came
@@ -73,6 +76,14 @@ class StopSignal:
         self.received_during = self.step + 1
         if not self.deferring:
             raise SystemExit(128 + signum)
+
+    def request(self, reason: int, detail: str) -> None:
+        """Stop at the next agreed step for a reason of the trainer's own (LEASE_LOST),
+        from any thread; `detail` is kept for the stop's line."""
+        if self.signum is None:
+            self.detail = detail
+            self.signum, self.received_at = reason, time.monotonic()
+            self.received_during = self.step + 1
 
     def start_training(self, device: torch.device) -> None:
         """From here on a signal is a request to stop at an agreed step. The flag travels
@@ -122,9 +133,11 @@ def report_stop(
     published: bool,
     newest_step: int | None,
     location: str,
+    elsewhere: str,
 ) -> None:
-    """Rank 0's one line on a stop at `step`: saved at `location`, or NOT saved and why.
-    `signal_step` is the step during which this rank got the signal (None: a peer's)."""
+    """Rank 0's one line on a stop at `step`: saved at `location`, or NOT saved, why, and
+    where the state is `elsewhere` (the snapshots). `signal_step` is the step during which
+    this rank got the signal (None: a peer's)."""
     stopped_at = f"stopped by {stopped} at step {step}" + (
         f" (signal during step {signal_step})" if signal_step is not None else " (a peer's signal)"
     )
@@ -132,4 +145,7 @@ def report_stop(
         event(log, "stopped", f"{stopped_at}: saved {location}", step=step, signal_step=signal_step)
     else:
         why = "its write failed" if published else "its write did not finish before the shutdown deadline"
-        log.error("%s: NOT saved (%s); the newest checkpoint is step %s", stopped_at, why, newest_step)
+        log.error(
+            "%s: NOT saved (%s); the newest checkpoint is step %s; step %d is %s",
+            stopped_at, why, newest_step, step, elsewhere,
+        )  # fmt: skip

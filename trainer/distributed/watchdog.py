@@ -128,7 +128,10 @@ class Watchdog:
         deadline = time.monotonic() + STACK_WAIT_S
         while time.monotonic() < deadline:
             time.sleep(0.05)
-            frames = main_thread_stack(path.read_text(errors="replace"), record.main_thread)
+            try:
+                frames = main_thread_stack(path.read_text(errors="replace"), record.main_thread)
+            except OSError:  # the rank exited meanwhile and took its files
+                return []
             if frames:
                 return frames
         return []
@@ -184,7 +187,10 @@ class Watchdog:
 def watch(watchdog: Watchdog, poll_s: float, running: threading.Event) -> None:
     """Check every `poll_s` while `running` is set."""
     while running.is_set():
-        watchdog.check()
+        try:
+            watchdog.check()
+        except Exception as error:  # one bad look must not end the watching
+            print(f"watchdog: a check failed ({error!r}); watching on", file=sys.stderr, flush=True)
         time.sleep(poll_s)
 
 

@@ -19,14 +19,14 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from trainer.checkpoint import Checkpointer
-from trainer.checkpoint.policy import CheckpointPolicy
+from trainer.checkpoint.policy import CheckpointPolicy, describe_holders
 from trainer.checkpoint.recovery import ResumePoint, recover
 from trainer.checkpoint.training_state import TrainingState
 from trainer.config import Config
 from trainer.data import DataSplits, eval_loader, train_loader
 from trainer.distributed import heartbeat as phases
 from trainer.distributed.heartbeat import Heartbeat
-from trainer.distributed.preemption import Stopped, StopSignal, report_stop
+from trainer.distributed.preemption import LEASE_LOST, Stopped, StopSignal, report_stop
 from trainer.distributed.process_group import DistContext, broadcast_flag
 from trainer.loop.early_stopping import EarlyStopping
 from trainer.loop.evaluate import evaluate, log_validation
@@ -165,7 +165,10 @@ class Trainer:
         with self.heartbeat.phase(phases.FINISH, limit_s=2 * self.solo_budget_s):  # rank 0 waits alone
             if not self.checkpoints.wait(self.solo_budget_s):
                 self.log.warning("the last checkpoint write is still running; testing meanwhile")
-            self.checkpoints.drop_snapshots_once_durable(self.progress.step, self.solo_budget_s)
+            if not self.checkpoints.is_durable(self.progress.step):
+                raise self.checkpoints.report_not_durable(self.progress.step, self.solo_budget_s)
+            if self.checkpoints.snapshot_every:
+                self.checkpoints.drop_snapshots(self.solo_budget_s)
         self.metrics.checkpoints(self.checkpoints.stats)
         self.metrics.flush()
         with self.heartbeat.phase(phases.TEST):
@@ -226,7 +229,7 @@ class Trainer:
             with lapped(self.clock, None):
                 self._end_epoch()
             if self._finished():
-                with lapped(self.clock, CHECKPOINT), self.heartbeat.phase(phases.CHECKPOINT):
+                with lapped(self.clock, CHECKPOINT):
                     self._save(wait_s=self.solo_budget_s)
             return
         batches = iter(self.loader)
@@ -270,7 +273,7 @@ class Trainer:
             durable = self.checkpoints.durable_due(progress.step, done)
             if durable or self.checkpoints.snapshot_due(progress.step):
                 self._report_progress()
-                with lapped(self.clock, CHECKPOINT), self.heartbeat.phase(phases.CHECKPOINT):
+                with lapped(self.clock, CHECKPOINT):
                     self._save(wait_s=self.solo_budget_s, durable=durable)
             if epoch_done or done:
                 return
@@ -366,15 +369,21 @@ class Trainer:
     # ----- saving and restoring --------------------------------------------------------
 
     def _save(self, wait_s: float, *, durable: bool = True) -> None:
-        """This step's state to the writers: durable on rank 0, or only the snapshots."""
+        """This step's state to the writers: durable on rank 0, or only the snapshots. The
+        pause may include waiting for the write in flight, for up to `wait_s`: the watchdog
+        allows for that on top of a save's usual time."""
         config, world_size, progress = self.config, self.context.world_size, self.progress
-        self.checkpoints.save(
-            lambda rng_states: self.state.tree(progress, rng_states, config, world_size),
-            step=progress.step,
-            epoch=progress.epoch,
-            wait_s=wait_s,
-            durable=durable,
-        )
+        limit_s = self.heartbeat.limits.limit(phases.CHECKPOINT)
+        if self.checkpoints.write_in_flight:
+            limit_s += wait_s
+        with self.heartbeat.phase(phases.CHECKPOINT, limit_s):
+            self.checkpoints.save(
+                lambda rng_states: self.state.tree(progress, rng_states, config, world_size),
+                step=progress.step,
+                epoch=progress.epoch,
+                wait_s=wait_s,
+                durable=durable,
+            )
 
     def _save_at_stop(self, stopped: Stopped) -> None:
         """Every rank stopped at this step: save it, and rank 0 waits until it is published
@@ -383,8 +392,17 @@ class Trainer:
         self._report_progress()
         step = self.progress.step
         self.heartbeat.enter(phases.FINISH, limit_s=2 * self.solo_budget_s)
+        if stopped.signum == LEASE_LOST:
+            if self.context.is_main:
+                self.log.error(
+                    "stopped at step %d: another run holds the checkpoint lease of %s now (%s); this run "
+                    "publishes nothing more (exit %d)",
+                    step, self.checkpointer.store.uri, self.stop.detail, stopped.exit_code,
+                )  # fmt: skip
+            return
         if self.checkpoints.last_durable_step != step:
             self._save(wait_s=min(self.stop.write_budget(), self.solo_budget_s))
+        holders = self.checkpoints.snapshot_holders(min(self.stop.write_budget(), self.solo_budget_s))
         if not self.context.is_main:
             return
         published = self.checkpoints.wait(min(self.stop.write_budget(), self.solo_budget_s))
@@ -396,6 +414,7 @@ class Trainer:
             published=published,
             newest_step=self.checkpoints.stats.last_success_step,
             location=self.checkpointer.store.location(step),
+            elsewhere=describe_holders(holders),
         )
 
     def _restore(self) -> None:

@@ -1,0 +1,171 @@
+"""One owner per checkpoint location: a lease in the store, renewed by a heartbeat.
+
+Two jobs on one location (two releases on one bucket prefix, a re-install while the old
+pods are in their grace period) each crash nothing and end silently wrong: one's
+checkpoints replace the other's. So rank 0 takes `lease.json` before it writes anything,
+with a conditional write (S3's If-None-Match / If-Match, a flock'd compare-and-swap on a
+directory), and renews it every `lease_s`:
+- absent: taken;
+- held by this job (a torchrun restart, a re-rendezvous, a re-created pod: the same
+  `TRAINER_JOB_ID`, or torchrun's run id): taken back at once;
+- held by another job whose heartbeat is older than `STALE_INTERVALS` of its interval: its
+  owner died; taken over, with a warning;
+- held by another live job: refused, one line naming the owner (exit 2).
+Every publish of a step and of `latest.json` is fenced: the commit reads the lease first
+and refuses when it is no longer this run's (`LeaseFence`). A renewal that finds another
+owner stops the run (`on_lost`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trainer.checkpoint.store import CheckpointStore
+from trainer.config import ConfigError
+
+LEASE_FILE = "lease.json"
+STALE_INTERVALS = 3
+JOB_ID_ENV = "TRAINER_JOB_ID"  # set by the chart: the job, whichever pod or attempt runs it
+log = logging.getLogger("trainer.checkpoint")
+
+
+class LeaseLost(OSError):
+    """The location's lease is another run's now: this one must publish nothing more."""
+
+
+def job_id(run_id: str) -> str:
+    """Who "this job" is: the chart's id, else torchrun's run id (one per torchrun, kept
+    across its restarts), else nobody else (a fresh id)."""
+    return os.environ.get(JOB_ID_ENV) or (run_id if run_id not in ("", "none", "local") else uuid.uuid4().hex)
+
+
+def describe(holder: dict[str, Any], now: float) -> str:
+    age = now - float(holder.get("heartbeat_at", 0))
+    return (
+        f"job {holder.get('job')} (pod {holder.get('pod')}, host {holder.get('host')}, "
+        f"pid {holder.get('pid')}), heartbeat {age:.0f}s ago"
+    )
+
+
+@dataclass(frozen=True)
+class LeaseFence:
+    """What a commit checks, in whichever process commits: the lease still holds `token`."""
+
+    token: str
+
+    def check(self, store: CheckpointStore) -> None:
+        current = store.get_versioned(LEASE_FILE)
+        holder = _parse(current[0]) if current else None
+        if holder is None or holder.get("token") != self.token:
+            owner = describe(holder, time.time()) if holder else "nobody"
+            raise LeaseLost(f"the lease of {store.uri} is no longer this run's: {owner} holds it")
+
+
+class Lease:
+    """Rank 0's hold on the location: `acquire`, then a heartbeat thread, then `release`."""
+
+    def __init__(self, store: CheckpointStore, job: str, run_id: str, interval_s: float) -> None:
+        self.store, self.interval_s = store, interval_s
+        self.fence = LeaseFence(uuid.uuid4().hex)
+        self.holder = {
+            "token": self.fence.token,
+            "job": job,
+            "pod": os.environ.get("HOSTNAME") or socket.gethostname(),
+            "host": socket.gethostname(),
+            "run_id": run_id,
+            "pid": os.getpid(),
+            "interval_s": interval_s,
+        }
+        self.version: str | None = None
+        self.lost_to: str | None = None
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _document(self) -> bytes:
+        return json.dumps({**self.holder, "heartbeat_at": time.time()}, indent=2).encode() + b"\n"
+
+    def acquire(self) -> None:
+        """Take the lease, or raise ConfigError naming its live owner."""
+        for _ in range(5):  # each lost race re-reads what won it
+            current = self.store.get_versioned(LEASE_FILE)
+            if current is None:
+                if self._write(None):
+                    return
+                continue
+            holder, now = _parse(current[0]), time.time()
+            if holder is not None and holder.get("job") != self.holder["job"]:
+                age = now - float(holder.get("heartbeat_at", 0))
+                stale_after = STALE_INTERVALS * float(holder.get("interval_s", self.interval_s))
+                if age <= stale_after:
+                    wait = f"{stale_after - age:.0f}s"
+                    raise ConfigError(
+                        "checkpoint.uri",
+                        self.store.uri,
+                        f"is in use by {describe(holder, now)}; stop that job, or wait {wait} for its "
+                        "lease to expire if it died, or use another checkpoint.uri",
+                    )
+                log.warning("took over the checkpoint lease of %s: its owner died (%s)", self.store.uri,
+                            describe(holder, now))  # fmt: skip
+            if self._write(current[1]):
+                return
+        raise ConfigError("checkpoint.uri", self.store.uri, "its lease changed hands 5 times as it was taken")
+
+    def _write(self, version: str | None) -> bool:
+        """A conditional write of a fresh heartbeat; its version kept for the next one."""
+        written = self.store.put_if(LEASE_FILE, self._document(), version)
+        if written is not None:
+            self.version = written
+        return written is not None
+
+    def start(self, on_lost: Callable[[str], None]) -> None:
+        """Renew every `interval_s` until `release`; `on_lost(owner)` once another run has it."""
+        self._thread = threading.Thread(target=self._beat, args=(on_lost,), name="lease", daemon=True)
+        self._thread.start()
+
+    def _beat(self, on_lost: Callable[[str], None]) -> None:
+        failing = False
+        while not self._stopping.wait(self.interval_s):
+            try:
+                if self._write(self.version):
+                    failing = False
+                    continue
+                current = self.store.get_versioned(LEASE_FILE)
+                holder = _parse(current[0]) if current else None
+                if holder is None or holder.get("token") != self.fence.token:
+                    self.lost_to = describe(holder, time.time()) if holder else "nobody (it was removed)"
+                    on_lost(self.lost_to)
+                    return
+                self.version = current[1]  # ours still, rewritten by a retried request
+            except Exception as error:  # the store failing: the lease may go stale; the fence holds
+                if not failing:
+                    log.warning("renewing the checkpoint lease of %s failed: %s", self.store.uri, error)
+                failing = True
+
+    def release(self) -> None:
+        """Stop renewing and remove the lease if it is still ours, so that the next run
+        need not wait for it to go stale."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if self.version is not None and self.lost_to is None:
+            try:
+                self.store.delete_if(LEASE_FILE, self.version)
+            except Exception as error:  # it goes stale instead
+                log.warning("releasing the checkpoint lease of %s failed: %s", self.store.uri, error)
+
+
+def _parse(raw: bytes) -> dict[str, Any] | None:
+    try:
+        document = json.loads(raw)
+    except ValueError:
+        return None
+    return document if isinstance(document, dict) else None
