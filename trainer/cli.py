@@ -117,6 +117,17 @@ def report(error: ConfigError, context: DistContext) -> int:
     return EXIT_CONFIG_ERROR
 
 
+def lease_lost(config: Config, stop: StopSignal, step: int) -> ConfigError:
+    """What a run says that stopped because another run took its checkpoint location: a
+    permanent error, since a retry would be refused the lease."""
+    return ConfigError(
+        "checkpoint.uri",
+        config.checkpoint.uri,
+        f"another run holds its lease now ({stop.detail}); this run stopped at step {step} "
+        "and publishes nothing more",
+    )
+
+
 def refuse_overwrite(config: Config, checkpointer: Checkpointer) -> None:
     """A fresh start must not write over checkpoints another run saved."""
     if config.checkpoint.resume:
@@ -261,8 +272,12 @@ def _train_in_group(
                 trainer.run()
             except ConfigError as error:
                 return report(error, context)
-            except (Stopped, NotDurable) as ended:  # every rank stopped together: leave together
-                return ended.exit_code
+            except Stopped as stopped:  # every rank stopped together: leave together
+                if stopped.signum == LEASE_LOST:
+                    return report(lease_lost(config, stop, trainer.progress.step), context)
+                return stopped.exit_code
+            except NotDurable as unsaved:
+                return unsaved.exit_code
     except RuntimeError as error:  # DistError is one; outside the group, which a lost peer cannot close
         if (reason := peer_lost(error)) is None:
             raise

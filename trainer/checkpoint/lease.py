@@ -135,20 +135,27 @@ class Lease:
         failing = False
         while not self._stopping.wait(self.interval_s):
             try:
-                if self._write(self.version):
-                    failing = False
-                    continue
-                current = self.store.get_versioned(LEASE_FILE)
-                holder = _parse(current[0]) if current else None
-                if holder is None or holder.get("token") != self.fence.token:
-                    self.lost_to = describe(holder, time.time()) if holder else "nobody (it was removed)"
-                    on_lost(self.lost_to)
+                if not self.renew():
+                    on_lost(self.lost_to or "nobody")
                     return
-                self.version = current[1]  # ours still, rewritten by a retried request
+                failing = False
             except Exception as error:  # the store failing: the lease may go stale; the fence holds
                 if not failing:
                     log.warning("renewing the checkpoint lease of %s failed: %s", self.store.uri, error)
                 failing = True
+
+    def renew(self) -> bool:
+        """Write a fresh heartbeat over our own; False (and `lost_to` set) once another run
+        holds the lease."""
+        if self._write(self.version):
+            return True
+        current = self.store.get_versioned(LEASE_FILE)
+        holder = _parse(current[0]) if current else None
+        if holder is not None and holder.get("token") == self.fence.token:
+            self.version = current[1]  # ours still: a retried request had rewritten it
+            return True
+        self.lost_to = describe(holder, time.time()) if holder else "nobody (it was removed)"
+        return False
 
     def release(self) -> None:
         """Stop renewing and remove the lease if it is still ours, so that the next run

@@ -27,7 +27,7 @@ from trainer.data import DataSplits, eval_loader, train_loader
 from trainer.distributed import heartbeat as phases
 from trainer.distributed.heartbeat import Heartbeat
 from trainer.distributed.preemption import LEASE_LOST, Stopped, StopSignal, report_stop
-from trainer.distributed.process_group import DistContext, broadcast_flag
+from trainer.distributed.process_group import DistContext, broadcast_flag, broadcast_object
 from trainer.loop.early_stopping import EarlyStopping
 from trainer.loop.evaluate import evaluate, log_validation
 from trainer.loop.optim import LRSchedule, batch_math, build_optimizer
@@ -392,13 +392,8 @@ class Trainer:
         self._report_progress()
         step = self.progress.step
         self.heartbeat.enter(phases.FINISH, limit_s=2 * self.solo_budget_s)
-        if stopped.signum == LEASE_LOST:
-            if self.context.is_main:
-                self.log.error(
-                    "stopped at step %d: another run holds the checkpoint lease of %s now (%s); this run "
-                    "publishes nothing more (exit %d)",
-                    step, self.checkpointer.store.uri, self.stop.detail, stopped.exit_code,
-                )  # fmt: skip
+        if stopped.signum == LEASE_LOST:  # nothing to save: the store is another run's now
+            self.stop.detail = broadcast_object(self.stop.detail)  # rank 0's, for every rank's line
             return
         if self.checkpoints.last_durable_step != step:
             self._save(wait_s=min(self.stop.write_budget(), self.solo_budget_s))

@@ -1,0 +1,196 @@
+"""One owner per checkpoint location: the lease's protocol on a real directory and on
+moto's S3 server (which checks If-None-Match / If-Match on PutObject and DeleteObject,
+moto 5.2.5 s3/responses.py put_object; it checks and writes without a lock, so two
+truly simultaneous creates can both pass there, where S3 answers one of them 409: the
+race is tested on the directory store), and whole runs: a second job refused in one line,
+a run whose lease was taken over stops without publishing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import process_env, s3_env, torchrun_command
+
+from trainer.checkpoint import Checkpointer
+from trainer.checkpoint.lease import LEASE_FILE, Lease, LeaseLost
+from trainer.checkpoint.location import open_store
+from trainer.checkpoint.store import LocalStore
+from trainer.config import CheckpointConfig, ConfigError
+
+
+@pytest.fixture(params=["directory", "s3"])
+def store(request, tmp_path):
+    if request.param == "directory":
+        return LocalStore(tmp_path / "checkpoints")
+    bucket = request.getfixturevalue("s3_bucket")
+    return open_store(CheckpointConfig(uri=bucket.uri("leased")))
+
+
+def holder(store) -> dict:
+    return json.loads(store.get(LEASE_FILE))
+
+
+def test_a_conditional_write_needs_the_version_it_names(store):
+    first = store.put_if("x.json", b"1", None)
+    assert first is not None and store.put_if("x.json", b"2", None) is None  # exists: no create
+    second = store.put_if("x.json", b"2", first)
+    assert second is not None and store.put_if("x.json", b"3", first) is None  # stale version
+    assert store.get_versioned("x.json") == (b"2", second)
+    assert not store.delete_if("x.json", first) and store.delete_if("x.json", second)
+    assert store.get("x.json") is None
+
+
+def test_a_second_job_is_refused_naming_the_owner_and_its_lease_is_untouched(store):
+    owner = Lease(store, "job-a", "run-a", interval_s=10)
+    owner.acquire()
+    before = store.get(LEASE_FILE)
+    with pytest.raises(ConfigError) as refused:
+        Lease(store, "job-b", "run-b", interval_s=10).acquire()
+    assert "is in use by job job-a (pod " in str(refused.value) and "heartbeat 0s ago" in str(refused.value)
+    assert "wait 30s for its lease to expire" in str(refused.value)
+    assert store.get(LEASE_FILE) == before
+
+
+def test_the_same_job_takes_its_lease_back_and_fences_out_the_old_attempt(store):
+    old = Lease(store, "job-a", "run-a", interval_s=10)
+    old.acquire()
+    new = Lease(store, "job-a", "run-a", interval_s=10)  # a torchrun restart, a re-created pod
+    new.acquire()
+    assert holder(store)["token"] == new.fence.token
+    with pytest.raises(LeaseLost, match="no longer this run's: job job-a"):
+        old.fence.check(store)
+    new.fence.check(store)
+    assert not old.renew() and old.lost_to.startswith("job job-a")
+    old.release()  # lost: removes nothing of the new owner's
+    assert holder(store)["token"] == new.fence.token
+    assert new.renew()
+    new.release()
+    assert store.get(LEASE_FILE) is None
+
+
+def test_a_lease_whose_owner_died_is_taken_over_with_a_warning(store, caplog):
+    dead = {"token": "t", "job": "job-a", "pod": "p", "host": "h", "pid": 1, "interval_s": 10}
+    store.put_if(LEASE_FILE, json.dumps({**dead, "heartbeat_at": time.time() - 31}).encode(), None)
+    with caplog.at_level("WARNING", logger="trainer.checkpoint"):
+        Lease(store, "job-b", "run-b", interval_s=10).acquire()
+    assert holder(store)["job"] == "job-b"
+    assert "took over the checkpoint lease" in caplog.text and "its owner died" in caplog.text
+
+
+def test_a_commit_without_the_lease_publishes_nothing(tmp_path):
+    store = LocalStore(tmp_path / "checkpoints")
+    lost = Lease(store, "job-a", "run-a", interval_s=10)
+    lost.acquire()
+    checkpointer = Checkpointer(store, keep_last=3, cache=tmp_path / "cache", fence=lost.fence)
+    checkpointer.save({"model": {}}, step=1, epoch=0, world_size=1)
+    Lease(store, "job-b", "run-b", interval_s=10).store.put(LEASE_FILE, b'{"token": "other", "job": "b"}')
+    with pytest.raises(LeaseLost):
+        checkpointer.save({"model": {}}, step=2, epoch=0, world_size=1)
+    assert store.steps() == [1] and json.loads(store.get("latest.json"))["step"] == 1
+    assert not list(store.root.glob(".step-*"))  # the staging folder went too
+
+
+def test_of_many_racing_jobs_exactly_one_takes_the_lease(tmp_path):
+    store = LocalStore(tmp_path / "checkpoints")
+
+    def take(index: int) -> bool:
+        try:
+            Lease(store, f"job-{index}", f"run-{index}", interval_s=10).acquire()
+            return True
+        except ConfigError:
+            return False
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(take, range(8))) == 1
+
+
+# ------------------------------------------------------------------------ whole runs
+
+
+def launch(workdir: Path, overrides: str, env: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainer.distributed.launch",
+            "--",
+            *torchrun_command(["--set", overrides])[3:],
+        ],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+def test_a_second_run_on_the_same_location_is_refused_in_one_line_and_writes_nothing(workdir):
+    uri = workdir / "checkpoints"
+    slow = "data.name=plugins:slow_digits,data.options.delay_s=0.005"  # 0.16 s a step: ~15 s in all
+    overrides = f"{slow},checkpoint.uri={uri},metrics.port=0,train.epochs=5,checkpoint.snapshot_dir="
+    overrides += f"{workdir}/a"
+    first = launch(workdir, overrides, process_env())
+    deadline = time.monotonic() + 120
+    while not (uri / "lineage.json").exists():  # the first run holds the location
+        assert first.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    owner, lineage = json.loads((uri / LEASE_FILE).read_text())["token"], (uri / "lineage.json").read_text()
+    second = launch(workdir, overrides.replace(f"{workdir}/a", f"{workdir}/b"), process_env())
+    out, err = second.communicate(timeout=120)
+    assert second.returncode == 2, out[-3000:] + err[-3000:]
+    (line,) = [line for line in err.splitlines() if line.strip()]
+    assert line.startswith(f"trainer: error: checkpoint.uri='{uri}': is in use by job ")
+    assert first.poll() is None  # the owner trains on, its lease and lineage untouched
+    assert json.loads((uri / LEASE_FILE).read_text())["token"] == owner
+    assert (uri / "lineage.json").read_text() == lineage
+    out, err = first.communicate(timeout=240)
+    assert first.returncode == 0, err[-3000:]
+    assert "done: 95 steps" in out and json.loads((uri / "latest.json").read_text())["step"] == 95
+    assert not (uri / LEASE_FILE).exists()  # released at the end
+
+
+@pytest.mark.slow
+def test_a_run_whose_lease_is_taken_over_stops_and_publishes_nothing_more(s3_bucket, workdir):
+    prefix = "taken"
+    overrides = (
+        f"checkpoint.uri={s3_bucket.uri(prefix)},metrics.port=0,train.epochs=200,checkpoint.every_steps=20,"
+        f"checkpoint.lease_s=1,log.format=json,checkpoint.snapshot_dir={workdir / 'shm'}"
+    )
+    run = launch(workdir, overrides, s3_env(s3_bucket.endpoint, TMPDIR=str(workdir)))
+    seen: list[dict] = []
+    reader = threading.Thread(
+        target=lambda: seen.extend(json.loads(line) for line in run.stdout if line[0] == "{")
+    )
+    reader.start()
+    key = f"{prefix}/{LEASE_FILE}"
+    deadline = time.monotonic() + 120
+    while s3_bucket.latest_step(prefix) is None:
+        assert run.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    # another job takes the location over (as it would once this one's heartbeat went stale)
+    usurper = {"token": "usurper", "job": "job-b", "pod": "pod-b", "host": "b", "pid": 1, "interval_s": 1}
+    s3_bucket.client.put_object(
+        Bucket=s3_bucket.name, Key=key, Body=json.dumps({**usurper, "heartbeat_at": time.time()}).encode()
+    )
+    taken_at = s3_bucket.latest_step(prefix)
+    _, err = run.communicate(timeout=120)
+    reader.join(timeout=10)
+    assert run.returncode == 2, err[-3000:]
+    (stop,) = [line for line in err.splitlines() if line.startswith("trainer: error: ")]
+    assert (
+        f"checkpoint.uri='{s3_bucket.uri(prefix)}': another run holds its lease now (job job-b (pod pod-b"
+        in stop
+    )
+    assert stop.endswith("and publishes nothing more")
+    assert "summary" not in [record.get("event") for record in seen]
+    assert s3_bucket.latest_step(prefix) <= taken_at + 20  # at most the save already past its fence
+    body = s3_bucket.client.get_object(Bucket=s3_bucket.name, Key=key)["Body"].read()
+    assert json.loads(body)["token"] == "usurper"  # not released over the new owner
