@@ -184,7 +184,7 @@ def schema_files() -> dict[Path, str]:
     schema = json.loads(SCHEMA_FILE.read_text())
     schema["properties"]["trainer"]["properties"]["config"] = {
         **trainer_config_schema(),
-        "description": "The trainer's config tree (generated from trainer/config.py).",
+        "description": "The trainer's config tree (generated from trainer/config/schema.py).",
     }
     return {SCHEMA_FILE: json.dumps(schema, indent=2) + "\n"}
 

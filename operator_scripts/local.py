@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from operator_scripts.kubelet_probe import ContainerProber
 from operator_scripts.local_pods import HostsTable, LocalError, LocalPod, PodRuntime, prepare
 from operator_scripts.operator_env import with_defaults
 from operator_scripts.operator_status import (
@@ -81,6 +82,22 @@ def _start(pod: LocalPod, hosts: HostsTable) -> None:
     hosts.set(pod.name, pod.address)
     pod.process = pod.runtime.launch(pod, hosts, pod.log)
     pod.phase, pod.restart_at = "Running", None
+    pod.prober = ContainerProber.of(pod.plan.container, pod.address)
+
+
+def _check_liveness(pod: LocalPod, now: float, notify: Callable[[str], None]) -> None:
+    """The kubelet's answer to a failed startup or liveness probe: kill the container, SIGTERM then,
+    after the pod's grace period, SIGKILL; its exit is then handled as any other."""
+    if pod.kill_at is not None:
+        if now >= pod.kill_at:
+            kill_pod(pod, signal.SIGKILL)
+            pod.kill_at = float("inf")
+        return
+    if pod.prober is None or pod.prober.failed is None:
+        return
+    notify(f"pod {pod.name}: {pod.prober.failed}; the kubelet kills its container")
+    kill_pod(pod, signal.SIGTERM)
+    pod.kill_at = now + pod.plan.template["spec"].get("terminationGracePeriodSeconds", 30)
 
 
 def _follow(path: Path, sink: Callable[[str], None], stop: threading.Event) -> None:
@@ -114,10 +131,14 @@ def _advance(pod: LocalPod, hosts: HostsTable, now: float, notify: Callable[[str
         return ""
     returncode = pod.process.poll()
     if returncode is None:
+        _check_liveness(pod, now, notify)
         return ""
     code = pod.exit_code = container_exit_code(returncode)
     hosts.set(pod.name, None)  # not Ready: its Service has no endpoint
-    pod.process = None
+    pod.process, pod.kill_at = None, None
+    if pod.prober is not None:
+        pod.prober.stop()
+        pod.prober = None
     pod.log.close()
     action = after_exit(pod.plan.restart_policy, code)
     if action == "restart":
@@ -225,6 +246,8 @@ def run(
             )
     finally:
         for pod in pods:
+            if pod.prober is not None:
+                pod.prober.stop()
             if pod.process is not None:
                 _stop(pod)
             if pod.log is not None:

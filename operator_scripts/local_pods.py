@@ -15,6 +15,7 @@ from typing import Any, Protocol, TextIO
 
 import yaml
 
+from operator_scripts.kubelet_probe import ContainerProber
 from operator_scripts.operator_env import PodPlan, plan_pods
 from operator_scripts.operator_status import Phase, PodState
 
@@ -86,6 +87,8 @@ class LocalPod:
     exit_code: int | None = None
     process: subprocess.Popen | None = None
     log: TextIO | None = field(default=None, repr=False)
+    prober: ContainerProber | None = field(default=None, repr=False)
+    kill_at: float | None = None  # a liveness kill's SIGKILL, after the grace period
 
     @property
     def name(self) -> str:

@@ -43,8 +43,11 @@ class ProcessRuntime:
         check_sandbox(hosts)
 
     def command(self, pod: LocalPod) -> list[str]:
-        """The image's console scripts are this interpreter's; metrics serve on the pod's address."""
+        """The image's console scripts are this interpreter's; metrics and ddp-launch's
+        /healthz serve on the pod's address (pods share this host's network)."""
         argv = list(pod.command)
+        if argv[0] == "ddp-launch":
+            argv = [argv[0], "--health-address", pod.address, *argv[1:]]
         if argv[0] in CONSOLE_SCRIPTS:
             argv = [sys.executable, "-m", CONSOLE_SCRIPTS[argv[0]], *argv[1:]]
         return [*argv, "--set", f"metrics.address={pod.address}"]

@@ -179,7 +179,7 @@ def test_trainer_config_is_a_valid_trainer_config_mounted_in_the_pods():
         container["args"][: container["args"].index("--")],
         container["args"][container["args"].index("--") + 1 :],
     )
-    assert launcher == ["--rendezvous-wait", "900", "--relaunches", "3"]
+    assert launcher == ["--rendezvous-wait", "900", "--relaunches", "3", "--health-port", "9402"]
     assert torchrun[:4] == ["-m", "trainer", "--config", "/etc/ddp-trainer/config.yaml"]
     assert torchrun[4:] == ["--set", "train.amp=bf16"]
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}

@@ -48,6 +48,10 @@ spec:
         - {{ .Values.launcher.rendezvousWaitSeconds | quote }}
         - "--relaunches"
         - {{ .Values.launcher.relaunches | quote }}
+        {{- if .Values.liveness.port }}
+        - "--health-port"
+        - {{ .Values.liveness.port | quote }}
+        {{- end }}
         - "--"
         - "-m"
         - "trainer"
@@ -65,9 +69,36 @@ spec:
           containerPort: {{ .Values.metrics.port }}
           protocol: TCP
         {{- end }}
+        {{- if .Values.liveness.port }}
+        - name: health
+          containerPort: {{ .Values.liveness.port }}
+          protocol: TCP
+        {{- end }}
+      {{- if .Values.liveness.port }}
+      # ddp-launch answers 503 once a rank has been silent for twice its phase's limit and
+      # not merely waiting for a peer elsewhere; a frozen pod does not answer at all
+      livenessProbe:
+        httpGet:
+          path: /healthz
+          port: health
+        periodSeconds: {{ .Values.liveness.periodSeconds }}
+        timeoutSeconds: {{ .Values.liveness.timeoutSeconds }}
+        failureThreshold: {{ .Values.liveness.failureThreshold }}
+      # the liveness probe starts once ddp-launch answers (its imports take seconds)
+      startupProbe:
+        httpGet:
+          path: /healthz
+          port: health
+        periodSeconds: {{ .Values.liveness.periodSeconds }}
+        timeoutSeconds: {{ .Values.liveness.timeoutSeconds }}
+        failureThreshold: {{ .Values.liveness.startupFailureThreshold }}
+      {{- end }}
       env:
         - name: TORCH_DISABLE_SHARE_RDZV_TCP_STORE
           value: "1"
+        # who holds the checkpoint location's lease: this job, whichever pod or attempt
+        - name: TRAINER_JOB_ID
+          value: {{ printf "%s/%s" .Release.Namespace (include "ddp.fullname" .) | quote }}
         # torchrun SIGKILLs its workers this long after SIGTERM (default 30 s): leave the
         # preemption checkpoint the grace period, less time for the kubelet's own SIGKILL
         - name: TORCH_ELASTIC_SHUTDOWN_TIMEOUT

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,6 +48,8 @@ from trainer.checkpoint import open_store
 from trainer.cli import EXIT_CONFIG_ERROR, FATAL_FILE_ENV, validate
 from trainer.config import ConfigError
 from trainer.config.argparsing import OneLineParser
+from trainer.distributed.heartbeat import HEARTBEAT_DIR_ENV
+from trainer.distributed.liveness import serve_health
 
 EXIT_GAVE_UP = 1
 POLL_S = 0.2
@@ -70,9 +73,19 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         "--relaunches", type=int, default=3, metavar="N",
         help="new torchrun runs after a failed one, each after waiting for the host (default 3)",
     )  # fmt: skip
+    parser.add_argument(
+        "--health-port", type=int, default=0, metavar="PORT",
+        help="serve the pod's liveness at GET /healthz on PORT (default 0: off)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--health-address", default="", metavar="ADDRESS",
+        help="the address /healthz listens on (default: every address of the pod)",
+    )  # fmt: skip
     options = parser.parse_args(argv[:split])
     if options.rendezvous_wait < 0 or options.relaunches < 0:
         parser.error("--rendezvous-wait and --relaunches must not be negative")
+    if not 0 <= options.health_port <= 65535:
+        parser.error(f"--health-port {options.health_port}: must be 0 (off) to 65535")
     return options, argv[split + 1 :]
 
 
@@ -206,10 +219,13 @@ def _say_error(fatal_file: Path) -> None:
         print(ERROR_PREFIX + line.partition(ERROR_PREFIX)[2], file=sys.stderr, flush=True)
 
 
-def run_torchrun(torchrun_args: Sequence[str], fatal_file: Path, stopping: list[int]) -> int:
+def run_torchrun(
+    torchrun_args: Sequence[str], fatal_file: Path, stopping: list[int], heartbeats: Path
+) -> int:
     """One torchrun, in a session of its own so that a terminal's Ctrl-C reaches it only
-    through us, once, as SIGTERM; stopped at once when a worker reports a fatal error."""
-    env = {**RDZV_ENV, **os.environ, FATAL_FILE_ENV: str(fatal_file)}
+    through us, once, as SIGTERM; stopped at once when a worker reports a fatal error. Its
+    ranks keep their heartbeat records under `heartbeats`, where `/healthz` reads them."""
+    env = {**RDZV_ENV, **os.environ, FATAL_FILE_ENV: str(fatal_file), HEARTBEAT_DIR_ENV: str(heartbeats)}
     process = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", *torchrun_args],
         env=env,
@@ -260,14 +276,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
     target = rendezvous_host(torchrun_args, dict(os.environ))
     fatal_file = Path(tempfile.gettempdir()) / f"ddp-launch-{os.getpid()}.fatal"
+    heartbeats = Path(tempfile.gettempdir()) / f"ddp-launch-{os.getpid()}.heartbeats"
+    server = None
+    if options.health_port:
+        server = serve_health((options.health_address, options.health_port), heartbeats)
     try:
-        return _launch(options, torchrun_args, target, fatal_file)
+        return _launch(options, torchrun_args, target, fatal_file, heartbeats)
     finally:
+        if server is not None:
+            server.shutdown()
         fatal_file.unlink(missing_ok=True)
+        shutil.rmtree(heartbeats, ignore_errors=True)
 
 
 def _launch(
-    options: argparse.Namespace, torchrun_args: list[str], target: tuple[str, str] | None, fatal_file: Path
+    options: argparse.Namespace,
+    torchrun_args: list[str],
+    target: tuple[str, str] | None,
+    fatal_file: Path,
+    heartbeats: Path,
 ) -> int:
     """Wait for the host, run torchrun, and run it again after a failure, within the budget."""
     stopping: list[int] = []  # the signal this pod got, once it got one
@@ -280,7 +307,7 @@ def _launch(
             )
             return EXIT_GAVE_UP
         fatal_file.unlink(missing_ok=True)
-        code = run_torchrun(torchrun_args, fatal_file, stopping)
+        code = run_torchrun(torchrun_args, fatal_file, stopping, heartbeats)
         if code in (0, EXIT_CONFIG_ERROR) or stopping:
             return code
         if attempt < options.relaunches:

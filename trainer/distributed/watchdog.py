@@ -44,6 +44,9 @@ import psutil
 from trainer.distributed.heartbeat import STACK_SIGNAL, Record, read_records, stack_file
 
 STACK_WAIT_S = 0.5
+VERDICTS_FILE = "verdicts.json"
+VERDICTS_FRESH_S = 10.0  # a watchdog that wrote none for this long is not answering
+LIVENESS_LIMITS = 2.0  # a pod is unhealthy once a rank is silent this many limits
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)")
 _FRAME = re.compile(r'^\s+File "(?P<path>[^"]*)", line (?P<line>\d+) in (?P<function>\S+)')
 WAITING_FUNCTIONS = {"wait_for_peers", "_engine_run_backward"}
@@ -93,9 +96,10 @@ class Watchdog:
         self.removed: set[int] = set()  # pids already killed
 
     def check(self, now: float | None = None) -> list[Record]:
-        """One look at every record: the ranks removed by it."""
+        """One look at every record: the ranks removed by it. What it made of each overdue
+        rank goes to `verdicts.json`, for the pod's liveness endpoint."""
         now = time.monotonic() if now is None else now
-        removed = []
+        removed, states = [], {}
         for record in read_records(self.folder):
             if record.pid in self.removed or not record.overdue(now):
                 continue
@@ -105,9 +109,11 @@ class Watchdog:
             except psutil.NoSuchProcess:
                 continue  # it exited: torchrun's business
             verdict = Verdict("stopped", []) if stopped else self.judge(record)
+            states[str(record.rank)] = verdict.state
             if verdict.blamed or record.silent_s(now) > self.wait_limit_s:
                 self.remove(record, verdict, now)
                 removed.append(record)
+        write_verdicts(self.folder, now, states)
         return removed
 
     def judge(self, record: Record) -> Verdict:
@@ -182,6 +188,37 @@ class Watchdog:
             lines.append(f"watchdog: rank {record.rank}'s main thread, most recent call first:")
             lines += [f"    {frame}" for frame in frames]
         print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def write_verdicts(folder: Path, now: float, states: dict[str, str]) -> None:
+    with contextlib.suppress(OSError):  # the folder goes with the generation
+        staging = folder / f".{VERDICTS_FILE}.tmp"
+        staging.write_text(json.dumps({"at": now, "states": states}))
+        staging.replace(folder / VERDICTS_FILE)
+
+
+def pod_health(base: Path, now: float | None = None) -> tuple[bool, str]:
+    """The liveness verdict of this pod's ranks (every generation's records under `base`):
+    unhealthy once a live rank has been silent for twice its limit, when the watchdog,
+    which acts at once its limit passes, has not found it merely waiting for a peer
+    elsewhere (or has stopped answering itself)."""
+    now = time.monotonic() if now is None else now
+    for folder in sorted(base.glob("restart-*")):
+        verdicts: dict[str, object] = {}
+        with contextlib.suppress(OSError, ValueError):
+            verdicts = json.loads((folder / VERDICTS_FILE).read_text())
+        fresh = now - float(verdicts.get("at", -1e9)) < VERDICTS_FRESH_S
+        states = verdicts.get("states", {}) if fresh else {}
+        for record in read_records(folder):
+            if record.silent_s(now) <= LIVENESS_LIMITS * record.limit_s or not psutil.pid_exists(record.pid):
+                continue
+            if record.phase == "done" or states.get(str(record.rank)) == "waiting":
+                continue
+            return False, (
+                f"rank {record.rank} made no progress for {record.silent_s(now):.0f}s in {record.phase} "
+                f"after step {record.step} (limit {record.limit_s:.1f}s)"
+            )
+    return True, "ok"
 
 
 def watch(watchdog: Watchdog, poll_s: float, running: threading.Event) -> None:
