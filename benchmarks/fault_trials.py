@@ -1,19 +1,27 @@
-"""Fault trials: SIGKILL a random rank at a random step, and check what the restart lost.
+"""Fault trials: hit a random rank at a random step, and check what the recovery lost.
 
-    python -m benchmarks.fault_trials [--trials 10] [--seed 0] [--snapshot-every 5]
+    python -m benchmarks.fault_trials [--fault kill|stop|freeze] [--trials 10] [--seed 0]
+                                      [--snapshot-every 5]
 
-Runs the digits demo at 2 processes under `torchrun --standalone --max-restarts=1`, with
-dropout on (so every rank's RNG streams matter), a snapshot every `--snapshot-every` steps
-and no durable checkpoint before the end. In each seeded trial one rank, chosen at random,
-is SIGKILLed once rank 0 has logged a step chosen at random; torchrun restarts both, and
-the run resumes from the newest snapshot. Each trial must lose at most `--snapshot-every`
-steps and end with weights and optimizer state bit-identical to one uninterrupted run.
-Exit status 1 if any does not.
+The faults:
+  kill    SIGKILL one rank's worker: torchrun sees it exit and restarts both;
+  stop    SIGSTOP one rank's worker (a stuck process: it crashes nothing): the node's
+          watchdog must find it, name it and kill it, and torchrun restarts both;
+  freeze  SIGSTOP every process of one pod of the chart's two-pod CPU job under `ddp-ops
+          local` (a frozen node: its watchdog is frozen too): the kubelet's liveness probe
+          (every 2 s, 3 failures) must fail, the pod is killed and re-created.
+Each runs the digits demo at 2 ranks with dropout on (so every rank's RNG streams matter), a
+snapshot every `--snapshot-every` steps and no durable checkpoint before the end. A trial
+must lose at most `--snapshot-every` steps and end with weights and optimizer state
+bit-identical to one uninterrupted run of the same job; a stop or freeze must be found
+within 10 s and the run be training again within 30 s, with no other hang reported.
+Exit status 1 if any trial does not.
 
-The steps lost are measured from outside: the harness kills after reading rank 0's line for
-step K (so the run had completed at least K), and reads the step the restart resumed from;
-K - resumed is at most what was lost. The trainer's own count (`..., L steps lost`) is a
-cross-check: it must be at least K - resumed, and within the bound too.
+Everything is measured from outside: the harness applies the fault after reading rank 0's
+line for step K (so the run had completed at least K), times the fault's detection (the
+watchdog's line, the kubelet's kill) and the first new step after the resume on its own
+clock, and reads the step the restart resumed from; K - resumed is at most what was lost.
+The trainer's own count (`..., L steps lost`) is a cross-check.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,23 +42,28 @@ from pathlib import Path
 import psutil
 import torch
 
+from benchmarks.pod_trials import freeze_trial, reference_job_state
 from trainer.distributed.launch import RDZV_ENV, signal_tree
 
 OVERRIDES = (
     "model.dropout=0.3,checkpoint.every_steps=1000,log.every_steps=1,log.format=json,"
     "metrics.port=0,checkpoint.snapshot_every_steps={every},checkpoint.snapshot_dir={snapshots}"
 )
+DETECTION_BOUND_S, TRAINING_BOUND_S = 10.0, 30.0
 
 
 @dataclass(frozen=True)
 class Trial:
+    fault: str
     rank: int
-    kill_after: int
-    seen_step: int | None  # the step of rank 0's last line before the kill: completed
+    seen_step: int | None  # the step of rank 0's last line before the fault: completed
     resumed_from: int | None
     origin: str | None
     lost_steps: int | None  # the trainer's own count
     identical: bool
+    detected_s: float | None  # fault to the watchdog's line or the kubelet's kill (not for kill)
+    training_s: float | None  # fault to the first step after the resume
+    false_alarms: int  # hangs reported that were not the fault's
 
     @property
     def seen_lost(self) -> int | None:
@@ -60,8 +74,13 @@ class Trial:
 
     def passed(self, bound: int) -> bool:
         seen, told = self.seen_lost, self.lost_steps
+        timely = self.training_s is not None and self.training_s <= TRAINING_BOUND_S
+        if self.fault != "kill":
+            timely = timely and self.detected_s is not None and self.detected_s <= DETECTION_BOUND_S
         return (
             self.identical
+            and timely
+            and self.false_alarms == 0
             and seen is not None
             and told is not None
             and seen <= bound
@@ -75,9 +94,13 @@ class Trial:
             if self.resumed_from is not None
             else "did not resume"
         )
+        timing = "" if self.detected_s is None else f"found in {self.detected_s:.1f}s, "
+        timing += "" if self.training_s is None else f"training again after {self.training_s:.1f}s; "
         verdict = "bit-identical" if self.identical else "DIFFERENT"
-        killed = f"SIGKILL rank {self.rank} after step {self.seen_step}"
-        return f"trial {index}: {killed} -> {resumed}; final state {verdict}"
+        alarms = f"; {self.false_alarms} FALSE ALARMS" if self.false_alarms else ""
+        what = {"kill": "SIGKILL rank", "stop": "SIGSTOP rank", "freeze": "froze the pod of rank"}[self.fault]
+        fault = f"{what} {self.rank} after step {self.seen_step}"
+        return f"trial {index}: {fault} -> {resumed}; {timing}final state {verdict}{alarms}"
 
 
 def command(uri: str, every: int, snapshots: Path, restarts: int) -> list[str]:
@@ -108,18 +131,55 @@ def same_state(a: dict, b: dict) -> bool:
     return all(torch.equal(x, y) for x, y in zip(tensors(a), tensors(b), strict=True))
 
 
-def kill_rank(agent: subprocess.Popen, rank: int) -> bool:
+def signal_rank(agent: subprocess.Popen, rank: int, sig: int) -> bool:
     for child in psutil.Process(agent.pid).children(recursive=True):
         try:
             if child.environ().get("RANK") == str(rank) and "trainer" in child.cmdline():
-                os.kill(child.pid, signal.SIGKILL)
+                os.kill(child.pid, sig)
                 return True
         except psutil.NoSuchProcess:
             continue
     return False
 
 
-def run_trial(workdir: Path, index: int, rank: int, kill_after: int, every: int, reference: dict) -> Trial:
+class Timeline:
+    """What the harness reads in rank 0's JSON lines around a fault, on its own clock."""
+
+    def __init__(self, fault_after: int) -> None:
+        self.fault_after = fault_after
+        self.fault_at: float | None = None
+        self.seen: int | None = None
+        self.resumed: dict | None = None
+        self.detected_at: float | None = None
+        self.training_at: float | None = None
+        self.hangs = 0
+
+    def due(self, record: dict) -> bool:
+        """Whether this line is the one to apply the fault after."""
+        progress = record.get("event") == "progress"
+        return self.fault_at is None and progress and record["step"] >= self.fault_after
+
+    def faulted(self, step: int) -> None:
+        self.fault_at, self.seen = time.monotonic(), step
+
+    def read(self, record: dict) -> None:
+        event = record.get("event")
+        if event == "hang":
+            self.hangs += 1
+            self.detected_at = self.detected_at or time.monotonic()
+        elif event == "plan" and record.get("resumed_from") is not None:
+            self.resumed = record
+        elif event == "progress" and self.resumed is not None and self.training_at is None:
+            self.training_at = time.monotonic()
+
+    def since_fault(self, at: float | None) -> float | None:
+        return None if at is None or self.fault_at is None else at - self.fault_at
+
+
+def process_trial(
+    workdir: Path, index: int, fault: str, rank: int, fault_after: int, every: int, reference: dict
+) -> Trial:
+    """A kill or a stop of one worker under `torchrun --max-restarts=1`."""
     uri = workdir / f"trial-{index}"
     agent = subprocess.Popen(
         command(str(uri), every, workdir / "snapshots", restarts=1),
@@ -129,30 +189,34 @@ def run_trial(workdir: Path, index: int, rank: int, kill_after: int, every: int,
         stderr=subprocess.DEVNULL,
         text=True,
     )
-    resumed, killed, seen = None, False, None
+    timeline = Timeline(fault_after)
     try:
         for line in agent.stdout:
             if not line.startswith("{"):
                 continue
             record = json.loads(line)
-            if not killed and record.get("event") == "progress" and record["step"] >= kill_after:
-                killed = kill_rank(agent, rank)
-                seen = record["step"] if killed else None
-            if record.get("event") == "plan" and record.get("resumed_from") is not None:
-                resumed = record
+            sig = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
+            if timeline.due(record) and signal_rank(agent, rank, sig):
+                timeline.faulted(record["step"])
+            timeline.read(record)
         agent.wait(timeout=300)
     finally:
         if agent.poll() is None:
             signal_tree(agent.pid)
     identical = agent.returncode == 0 and same_state(final_state(uri), reference)
+    resumed = timeline.resumed
+    expected_hangs = 1 if fault == "stop" else 0
     return Trial(
+        fault,
         rank,
-        kill_after,
-        seen,
+        timeline.seen,
         resumed and resumed["resumed_from"],
         resumed and resumed["resume_origin"],
         resumed and resumed["lost_steps"],
         identical,
+        timeline.since_fault(timeline.detected_at) if fault == "stop" else None,
+        timeline.since_fault(timeline.training_at),
+        abs(timeline.hangs - expected_hangs),
     )
 
 
@@ -160,39 +224,51 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--fault", choices=("kill", "stop", "freeze"), default="kill")
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--snapshot-every", type=int, default=5)
     args = parser.parse_args(argv)
     chooser = random.Random(args.seed)
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fault-trials-") as folder:
         workdir = Path(folder)
-        started = time.perf_counter()
-        subprocess.run(
-            command(str(workdir / "reference"), args.snapshot_every, workdir / "snapshots", restarts=0),
-            cwd=workdir, env=environment(), check=True, capture_output=True,
-        )  # fmt: skip
-        reference = final_state(workdir / "reference")
+        if args.fault == "freeze":
+            reference = reference_job_state(workdir, args.snapshot_every)
+        else:
+            subprocess.run(
+                command(str(workdir / "reference"), args.snapshot_every, workdir / "snapshots", restarts=0),
+                cwd=workdir, env=environment(), check=True, capture_output=True,
+            )  # fmt: skip
+            reference = final_state(workdir / "reference")
         steps = reference["progress"]["step"]
         trials = []
         for index in range(1, args.trials + 1):
-            trial = run_trial(
-                workdir,
-                index,
-                chooser.randrange(2),
-                chooser.randrange(10, steps - 10),
-                args.snapshot_every,
-                reference,
-            )
+            fault_after = chooser.randrange(10, steps - 10)
+            if args.fault == "freeze":
+                trial = freeze_trial(workdir / f"trial-{index}", fault_after, args.snapshot_every, reference)
+            else:
+                rank = chooser.randrange(2)
+                every = args.snapshot_every
+                trial = process_trial(workdir, index, args.fault, rank, fault_after, every, reference)
             print(trial.describe(index), flush=True)
             trials.append(trial)
+    print(summary(trials, args.snapshot_every, time.perf_counter() - started))
+    return 0 if all(trial.passed(args.snapshot_every) for trial in trials) else 1
+
+
+def summary(trials: list[Trial], bound: int, seconds: float) -> str:
     lost = [trial.seen_lost for trial in trials]
-    passed = sum(trial.passed(args.snapshot_every) for trial in trials)
-    print(
-        f"{len(trials)} trials in {time.perf_counter() - started:.0f}s: steps lost as seen {lost} "
-        f"(bound {args.snapshot_every}); {passed}/{len(trials)} within it and bit-identical"
-    )
-    return 0 if passed == len(trials) else 1
+    passed = sum(trial.passed(bound) for trial in trials)
+    line = f"{len(trials)} {trials[0].fault} trials in {seconds:.0f}s: steps lost {lost} (bound {bound})"
+    for name, values in (
+        ("found in", [t.detected_s for t in trials]),
+        ("training again after", [t.training_s for t in trials]),
+    ):
+        known = [value for value in values if value is not None]
+        if known:
+            line += f"; {name} median {statistics.median(known):.1f}s, max {max(known):.1f}s"
+    return line + f"; {passed}/{len(trials)} within the bounds and bit-identical"
 
 
 if __name__ == "__main__":

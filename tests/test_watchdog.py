@@ -23,7 +23,7 @@ from fault_proxy import FaultProxy
 
 from trainer.config import WatchdogConfig
 from trainer.distributed.heartbeat import STEP, VALIDATION, Heartbeat, PhaseLimits, read_records
-from trainer.distributed.watchdog import Watchdog
+from trainer.distributed.watchdog import RESTART_QUIET_S, Watchdog
 
 # ------------------------------------------------------------------ limits and records
 
@@ -109,7 +109,7 @@ def test_a_stopped_rank_is_named_with_its_stack_and_killed(tmp_path, capsys):
     assert removed.rank == 1
     assert "rank 1 on node-a made no progress for" in line
     assert "in step after step 2 (limit 0.5s); its process is stopped" in line
-    assert any("<lambda>" in frame for frame in stack), stack  # answered once let run
+    assert any('File "<string>"' in frame for frame in stack), stack  # answered once let run
 
 
 def test_a_rank_waiting_for_peers_is_not_blamed_and_the_hung_one_is(tmp_path, capsys):
@@ -122,8 +122,9 @@ def test_a_rank_waiting_for_peers_is_not_blamed_and_the_hung_one_is(tmp_path, ca
         assert waiting.poll() is None
         line = capsys.readouterr().err.splitlines()[0]
         assert "rank 1 on node-a" in line and "its main thread is not waiting for a peer" in line
-        time.sleep(3)  # past the wait limit: the peer it waits for will not come
-        assert [record.rank for record in watchdog.check()] == [0]
+        assert watchdog.check(time.monotonic() + RESTART_QUIET_S - 1) == []  # the group restarts meanwhile
+        # past the wait limit: the peer it waits for will not come
+        assert [record.rank for record in watchdog.check(time.monotonic() + RESTART_QUIET_S)] == [0]
         assert waiting.wait(timeout=10) == -signal.SIGKILL
         assert "it has waited for a peer on another node over 3s" in capsys.readouterr().err
     finally:

@@ -47,6 +47,7 @@ STACK_WAIT_S = 0.5
 VERDICTS_FILE = "verdicts.json"
 VERDICTS_FRESH_S = 10.0  # a watchdog that wrote none for this long is not answering
 LIVENESS_LIMITS = 2.0  # a pod is unhealthy once a rank is silent this many limits
+RESTART_QUIET_S = 10.0  # after a removal, while torchrun restarts the group
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)")
 _FRAME = re.compile(r'^\s+File "(?P<path>[^"]*)", line (?P<line>\d+) in (?P<function>\S+)')
 WAITING_FUNCTIONS = {"wait_for_peers", "_engine_run_backward"}
@@ -94,12 +95,15 @@ class Watchdog:
         self.folder, self.host, self.log_format = folder, host, log_format
         self.wait_limit_s = wait_limit_s
         self.removed: set[int] = set()  # pids already killed
+        self.quiet_until = 0.0
 
     def check(self, now: float | None = None) -> list[Record]:
         """One look at every record: the ranks removed by it. What it made of each overdue
         rank goes to `verdicts.json`, for the pod's liveness endpoint."""
         now = time.monotonic() if now is None else now
         removed, states = [], {}
+        if now < self.quiet_until:
+            return removed
         for record in read_records(self.folder):
             if record.pid in self.removed or not record.overdue(now):
                 continue
@@ -113,6 +117,9 @@ class Watchdog:
             if verdict.blamed or record.silent_s(now) > self.wait_limit_s:
                 self.remove(record, verdict, now)
                 removed.append(record)
+                # the group restarts now: a peer caught leaving its collective is no hung rank
+                self.quiet_until = now + RESTART_QUIET_S
+                break
         write_verdicts(self.folder, now, states)
         return removed
 
