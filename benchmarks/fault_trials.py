@@ -64,6 +64,7 @@ class Trial:
     detected_s: float | None  # fault to the watchdog's line or the kubelet's kill (not for kill)
     training_s: float | None  # fault to the first step after the resume
     false_alarms: int  # hangs reported that were not the fault's
+    cold_s: float | None  # launch to the first step, in the same run: what a restart is held to
 
     @property
     def seen_lost(self) -> int | None:
@@ -147,6 +148,8 @@ class Timeline:
 
     def __init__(self, fault_after: int) -> None:
         self.fault_after = fault_after
+        self.launched_at = time.monotonic()
+        self.first_step_at: float | None = None
         self.fault_at: float | None = None
         self.seen: int | None = None
         self.resumed: dict | None = None
@@ -169,11 +172,17 @@ class Timeline:
             self.detected_at = self.detected_at or time.monotonic()
         elif event == "plan" and record.get("resumed_from") is not None:
             self.resumed = record
+        elif event == "progress" and self.first_step_at is None:
+            self.first_step_at = time.monotonic()
         elif event == "progress" and self.resumed is not None and self.training_at is None:
             self.training_at = time.monotonic()
 
     def since_fault(self, at: float | None) -> float | None:
         return None if at is None or self.fault_at is None else at - self.fault_at
+
+    @property
+    def cold_s(self) -> float | None:
+        return None if self.first_step_at is None else self.first_step_at - self.launched_at
 
 
 def process_trial(
@@ -181,6 +190,7 @@ def process_trial(
 ) -> Trial:
     """A kill or a stop of one worker under `torchrun --max-restarts=1`."""
     uri = workdir / f"trial-{index}"
+    timeline = Timeline(fault_after)  # from the launch on: the run's cold start is timed too
     agent = subprocess.Popen(
         command(str(uri), every, workdir / "snapshots", restarts=1),
         cwd=workdir,
@@ -189,7 +199,6 @@ def process_trial(
         stderr=subprocess.DEVNULL,
         text=True,
     )
-    timeline = Timeline(fault_after)
     try:
         for line in agent.stdout:
             if not line.startswith("{"):
@@ -217,6 +226,7 @@ def process_trial(
         timeline.since_fault(timeline.detected_at) if fault == "stop" else None,
         timeline.since_fault(timeline.training_at),
         abs(timeline.hangs - expected_hangs),
+        timeline.cold_s,
     )
 
 
@@ -264,10 +274,15 @@ def summary(trials: list[Trial], bound: int, seconds: float) -> str:
     for name, values in (
         ("found in", [t.detected_s for t in trials]),
         ("training again after", [t.training_s for t in trials]),
+        ("cold start", [t.cold_s for t in trials]),
     ):
         known = [value for value in values if value is not None]
         if known:
             line += f"; {name} median {statistics.median(known):.1f}s, max {max(known):.1f}s"
+    ratios = [t.training_s / t.cold_s for t in trials if t.training_s and t.cold_s]
+    if ratios:  # the recovery against the same run's cold start, launch to first step
+        spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
+        line += f"; recovery / cold start median {statistics.median(ratios):.2f} ({spread})"
     return line + f"; {passed}/{len(trials)} within the bounds and bit-identical"
 
 

@@ -2,7 +2,7 @@
 rank per pod) under `ddp-ops local`, whose second pod has every process SIGSTOPped after
 a chosen step, as a frozen node would. Its ddp-launch cannot answer /healthz, the kubelet's
 liveness probe (every 2 s, 1 s timeout, 3 failures) fails, the kubelet kills the container
-(SIGTERM, then SIGKILL after a 5 s grace period), the operator re-creates the pod (137)
+(SIGTERM, then SIGKILL after the probe's 2 s grace period), the operator re-creates the pod (137)
 with an empty /dev/shm, and the job resumes from the first pod's snapshot."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 PROBES = (
     "liveness.periodSeconds=2,liveness.timeoutSeconds=1,liveness.failureThreshold=3,"
-    "terminationGracePeriodSeconds=5,metrics.port=0,checkpoints.existingClaim=checkpoints"
+    "liveness.terminationGracePeriodSeconds=2,metrics.port=0,checkpoints.existingClaim=checkpoints"
 )
 TRAINER = (
     "trainer.config.model.dropout=0.3,trainer.config.checkpoint.every_steps=1000,"
@@ -55,7 +55,7 @@ def reference_job_state(workdir: Path, every: int) -> dict:
 def freeze_trial(workdir: Path, fault_after: int, every: int, reference: dict) -> Trial:
     from benchmarks.fault_trials import Timeline, Trial, same_state
 
-    timeline = Timeline(fault_after)
+    timeline = Timeline(fault_after)  # the job's start is the cold start it is held to
     pods_now: list = []
 
     def read(line: str) -> None:  # rank 0's log, streamed as `kubectl logs -f` would
@@ -95,4 +95,5 @@ def freeze_trial(workdir: Path, fault_after: int, every: int, reference: dict) -
         timeline.since_fault(timeline.detected_at),
         timeline.since_fault(timeline.training_at),
         timeline.hangs,
+        timeline.cold_s,
     )

@@ -6,8 +6,9 @@ As the kubelet runs `httpGet` probes (docs/facts.md, "The kubelet"): after
 probe only once it has succeeded; `failureThreshold` failures in a row of either and the
 kubelet kills the container, after which the pod's restart policy applies as to any exit
 (137 after the SIGKILL that ends a frozen container: the operator re-creates the pod under
-ExitCode, the kubelet restarts it in place under OnFailure). Defaults are the API's: 10 s,
-1 s, 3, 0.
+ExitCode, the kubelet restarts it in place under OnFailure). The kill's grace period is the
+probe's `terminationGracePeriodSeconds`, else the pod's. Defaults are the API's: 10 s, 1 s,
+3, 0.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class ProbeSpec:
     timeout_s: float = 1
     failure_threshold: int = 3
     initial_delay_s: float = 0
+    grace_s: float | None = None  # the probe's terminationGracePeriodSeconds; None: the pod's
 
     @classmethod
     def of(cls, container: dict[str, Any], kind: str = "livenessProbe") -> ProbeSpec | None:
@@ -46,6 +48,7 @@ class ProbeSpec:
             timeout_s=probe.get("timeoutSeconds", 1),
             failure_threshold=probe.get("failureThreshold", 3),
             initial_delay_s=probe.get("initialDelaySeconds", 0),
+            grace_s=probe.get("terminationGracePeriodSeconds"),
         )
 
 
@@ -56,6 +59,7 @@ class ContainerProber:
     def __init__(self, startup: ProbeSpec | None, liveness: ProbeSpec, address: str) -> None:
         self.address = address
         self.failed: str | None = None
+        self.grace_s: float | None = None  # the failed probe's grace period, if it has one
         self._stopped = threading.Event()
         self._thread = threading.Thread(
             target=self._run, args=(startup, liveness), name=f"probes {address}", daemon=True
@@ -99,6 +103,7 @@ class ContainerProber:
                 return True
             failures = failures + 1 if problem else 0
             if failures >= spec.failure_threshold:
+                self.grace_s = spec.grace_s
                 self.failed = f"{failures} {kind} probes failed in a row, the last: {problem}"
                 return False
             self._stopped.wait(max(0.0, spec.period_s - (time.monotonic() - started)))

@@ -97,7 +97,10 @@ def _check_liveness(pod: LocalPod, now: float, notify: Callable[[str], None]) ->
         return
     notify(f"pod {pod.name}: {pod.prober.failed}; the kubelet kills its container")
     kill_pod(pod, signal.SIGTERM)
-    pod.kill_at = now + pod.plan.template["spec"].get("terminationGracePeriodSeconds", 30)
+    grace = pod.prober.grace_s
+    pod.kill_at = now + (
+        pod.plan.template["spec"].get("terminationGracePeriodSeconds", 30) if grace is None else grace
+    )
 
 
 def _follow(path: Path, sink: Callable[[str], None], stop: threading.Event) -> None:

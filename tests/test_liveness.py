@@ -87,8 +87,8 @@ def test_the_chart_probes_ddp_launch_and_can_turn_it_off():
     (container,) = rendered.one("PyTorchJob")["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
         "containers"
     ]
-    assert ProbeSpec.of(container) == ProbeSpec("/healthz", 9402, 10, 5, 3, 0)
-    assert ProbeSpec.of(container, "startupProbe") == ProbeSpec("/healthz", 9402, 10, 5, 30, 0)
+    assert ProbeSpec.of(container) == ProbeSpec("/healthz", 9402, 10, 5, 3, 0, grace_s=10)
+    assert ProbeSpec.of(container, "startupProbe") == ProbeSpec("/healthz", 9402, 10, 5, 30, 0, grace_s=10)
     assert container["args"][container["args"].index("--health-port") + 1] == "9402"
     assert {"name": "TRAINER_JOB_ID", "value": "training/ddp-run-ddp-trainer"} in container["env"]
     off = render(merge_values(sets=["gpus=8,liveness.port=0"]), release="ddp-run", namespace="training")
@@ -101,13 +101,13 @@ def test_a_frozen_pod_fails_its_liveness_probe_and_is_recreated_and_the_job_resu
     """Two CPU pods from the chart; once both hold a snapshot of step 20 or later, every
     process of pod 1 is SIGSTOPped. Its /healthz cannot answer: after two failed probes the
     kubelet kills it (SIGTERM, which a stopped process cannot take, then SIGKILL after the
-    grace period), the operator re-creates it (137), and the job resumes from pod 0's
+    probe's grace period), the operator re-creates it (137), and the job resumes from pod 0's
     snapshot. Pod 0, whose rank only waited meanwhile, stays healthy: no restart."""
     values = merge_values(
         files=[CPU_VALUES],
         sets=[
             f"metrics.port={free_port()},liveness.periodSeconds=2,liveness.timeoutSeconds=1,"
-            "liveness.failureThreshold=2,terminationGracePeriodSeconds=5",
+            "liveness.failureThreshold=2,liveness.terminationGracePeriodSeconds=2",
             "trainer.config.data.name=plugins:slow_digits,trainer.config.data.options.delay_s=0.002,"
             "trainer.config.train.max_steps=60,trainer.config.checkpoint.every_steps=1000,"
             "trainer.config.log.every_steps=10",

@@ -84,6 +84,8 @@ spec:
         periodSeconds: {{ .Values.liveness.periodSeconds }}
         timeoutSeconds: {{ .Values.liveness.timeoutSeconds }}
         failureThreshold: {{ .Values.liveness.failureThreshold }}
+        # a pod that fails it is hung: the pod's long grace period is for a preemption's save
+        terminationGracePeriodSeconds: {{ .Values.liveness.terminationGracePeriodSeconds }}
       # the liveness probe starts once ddp-launch answers (its imports take seconds)
       startupProbe:
         httpGet:
@@ -92,6 +94,7 @@ spec:
         periodSeconds: {{ .Values.liveness.periodSeconds }}
         timeoutSeconds: {{ .Values.liveness.timeoutSeconds }}
         failureThreshold: {{ .Values.liveness.startupFailureThreshold }}
+        terminationGracePeriodSeconds: {{ .Values.liveness.terminationGracePeriodSeconds }}
       {{- end }}
       env:
         - name: TORCH_DISABLE_SHARE_RDZV_TCP_STORE
