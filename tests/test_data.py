@@ -9,6 +9,7 @@ import torch
 
 from trainer.config import DataConfig, SyntheticConfig
 from trainer.data import DataError, ResumableDistributedSampler, build_data
+from trainer.data.digits import load_digits_arrays
 
 
 def shards(dataset_size: int, world: int, epoch: int, start: int = 0) -> list[list[int]]:
@@ -172,3 +173,11 @@ def test_a_users_dataset_plugs_in_by_import_path():
 def test_a_plugin_must_return_splits():
     with pytest.raises(DataError, match="must return DataSplits"):
         build_data(DataConfig(name="plugins:not_splits"), seed=0)
+
+
+def test_digits_read_from_scikit_learns_file_are_what_load_digits_returns():
+    from sklearn.datasets import load_digits
+
+    images, labels = load_digits_arrays()
+    bunch = load_digits()
+    assert np.array_equal(images, bunch.images) and np.array_equal(labels, bunch.target)
