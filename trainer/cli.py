@@ -151,7 +151,9 @@ def train(config: Config, context: DistContext) -> int:
     logger = setup_logging(config.log, context)
     writes = context.is_main or (context.is_node_main and config.checkpoint.snapshot_every_steps != 0)
     writer = spawn_writer() if config.checkpoint.async_save and writes else None
-    heartbeat = Heartbeat(heartbeat_dir(context.run_id, context.restart_count), context.rank, config.watchdog)
+    run = context.run_id if context.launched_by_torchrun else f"local-{os.getpid()}"
+    folder = heartbeat_dir(run, context.restart_count, context.node_rank)
+    heartbeat = Heartbeat(folder, context.rank, config.watchdog)
     watchdog = None
     if config.watchdog.enabled and context.launched_by_torchrun and context.is_node_main:
         watchdog = start_watchdog(

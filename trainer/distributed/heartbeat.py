@@ -64,10 +64,11 @@ class Record:
         return self.phase != DONE and self.silent_s(now) > self.limit_s
 
 
-def heartbeat_dir(run_id: str, restart_count: int) -> Path:
-    """The folder of one generation of this node's workers (a torchrun restart is a new one)."""
+def heartbeat_dir(run_id: str, restart_count: int, node_rank: int) -> Path:
+    """The folder of one generation of one node's workers (a torchrun restart is a new
+    one): its watchdog reads this node's records only, even where two nodes share a host."""
     base = os.environ.get(HEARTBEAT_DIR_ENV) or str(Path(tempfile.gettempdir()) / f"ddp-heartbeat-{run_id}")
-    return Path(base) / f"restart-{restart_count}"
+    return Path(base) / f"restart-{restart_count}-node-{node_rank}"
 
 
 def stack_file(folder: Path, rank: int) -> Path:
