@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -187,6 +188,23 @@ def run_helper(script: str, output: Path, *, nproc: int, cwd: Path) -> dict:
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(output.read_text())
+
+
+def json_records(agent: subprocess.Popen, on_record=None, timeout: float = 240) -> tuple[list[dict], str]:
+    """A run's JSON log lines (each handed to `on_record` as it comes) and its stderr,
+    once it has exited."""
+    stderr: list[str] = []
+    reader = threading.Thread(target=lambda: stderr.extend(agent.stderr), daemon=True)
+    reader.start()
+    seen = []
+    for line in agent.stdout:
+        if line.startswith("{"):
+            seen.append(json.loads(line))
+            if on_record is not None:
+                on_record(seen[-1])
+    agent.wait(timeout=timeout)
+    reader.join(timeout=10)
+    return seen, "".join(stderr)
 
 
 def kill_rank_when(agent: subprocess.Popen, rank: int, ready) -> int:

@@ -6,12 +6,11 @@ through a proxy that answers every checkpoint write with 503 once told to."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import threading
 
 import pytest
-from conftest import s3_env, torchrun_command
+from conftest import json_records, s3_env, torchrun_command
 from fault_proxy import FaultProxy
 
 RUN = (
@@ -29,18 +28,8 @@ def run(workdir, overrides: str, env: dict, on_record=None) -> tuple[int, list[d
         stderr=subprocess.PIPE,
         text=True,
     )
-    stderr: list[str] = []
-    reader = threading.Thread(target=lambda: stderr.extend(agent.stderr), daemon=True)
-    reader.start()
-    records = []
-    for line in agent.stdout:
-        if line.startswith("{"):
-            records.append(json.loads(line))
-            if on_record is not None:
-                on_record(records[-1])
-    agent.wait(timeout=240)
-    reader.join(timeout=10)
-    return agent.returncode, records, "".join(stderr)
+    records, stderr = json_records(agent, on_record)
+    return agent.returncode, records, stderr
 
 
 def messages(records: list[dict], level: str) -> list[str]:

@@ -11,14 +11,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
-from conftest import process_env, s3_env, torchrun_command
+from conftest import json_records, process_env, s3_env, torchrun_command
 from fault_proxy import FaultProxy
 
 from trainer.config import WatchdogConfig
@@ -153,22 +152,6 @@ def launch(workdir: Path, overrides: str, *, restarts: int = 1, env: dict | None
     )
 
 
-def records(agent: subprocess.Popen, on_record=None, timeout: float = 240) -> tuple[list[dict], str]:
-    """The run's JSON lines (each handed to `on_record` as it comes) and its stderr."""
-    stderr: list[str] = []
-    reader = threading.Thread(target=lambda: stderr.extend(agent.stderr), daemon=True)
-    reader.start()
-    seen = []
-    for line in agent.stdout:
-        if line.startswith("{"):
-            seen.append(json.loads(line))
-            if on_record is not None:
-                on_record(seen[-1])
-    agent.wait(timeout=timeout)
-    reader.join(timeout=10)
-    return seen, "".join(stderr)
-
-
 def worker_of(agent: subprocess.Popen, rank: int) -> psutil.Process:
     for child in psutil.Process(agent.pid).children(recursive=True):
         try:
@@ -196,7 +179,7 @@ def reference(tmp_path_factory) -> dict:
     workdir = tmp_path_factory.mktemp("reference")
     uri = workdir / "checkpoints"
     overrides = f"{RUN},checkpoint.uri={uri},checkpoint.snapshot_dir={workdir / 'snapshots'}"
-    seen, stderr = records(launch(workdir, overrides, restarts=0))
+    seen, stderr = json_records(launch(workdir, overrides, restarts=0))
     assert seen[-1]["event"] == "summary", stderr[-3000:]
     return final_state(uri)
 
@@ -220,7 +203,7 @@ def test_a_stopped_rank_is_found_within_seconds_and_the_run_ends_bit_exact(workd
         if record.get("event") == "hang":
             stopped["found_after_s"] = time.monotonic() - stopped["at"]
 
-    seen, stderr = records(agent, stop_rank_1)
+    seen, stderr = json_records(agent, stop_rank_1)
     assert agent.returncode == 0, stderr[-3000:]
     (hang,) = [record for record in seen if record.get("event") == "hang"]
     assert (hang["rank"], hang["state"]) == (1, "stopped")
@@ -237,7 +220,7 @@ def test_a_rank_stalled_in_its_forward_is_blamed_not_the_one_waiting_for_it(work
     uri = workdir / "checkpoints"
     stall = "model.options.rank=1,model.options.stall_at=40,model.options.stall_s=600"
     overrides = f"{RUN},{stall},checkpoint.uri={uri},checkpoint.snapshot_dir={workdir / 'snapshots'}"
-    seen, stderr = records(launch(workdir, overrides))
+    seen, stderr = json_records(launch(workdir, overrides))
     assert seen[-1]["event"] == "summary", stderr[-3000:]
     (hang,) = [record for record in seen if record.get("event") == "hang"]
     assert (hang["rank"], hang["state"], hang["step"]) == (1, "hung", 39)
@@ -260,9 +243,9 @@ def test_slow_validation_checkpoint_and_resume_download_are_no_hang(s3_bucket, w
             f"checkpoint.snapshot_every_steps=0,checkpoint.every_steps=10,checkpoint.uri={s3_bucket.uri('slow')}"
         )
         started = time.monotonic()
-        first, stderr = records(launch(workdir, f"{overrides},train.max_steps=30", restarts=0, env=env))
+        first, stderr = json_records(launch(workdir, f"{overrides},train.max_steps=30", restarts=0, env=env))
         assert first[-1]["event"] == "summary", stderr[-3000:]
-        second, stderr = records(launch(workdir, f"{overrides},train.max_steps=40", restarts=0, env=env))
+        second, stderr = json_records(launch(workdir, f"{overrides},train.max_steps=40", restarts=0, env=env))
         assert second[-1]["event"] == "summary", stderr[-3000:]
     assert time.monotonic() - started > 10  # the delays were real: 4 uploads, a download, validations
     assert resumed_from(second)["resumed_from"] == 30
