@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -159,8 +161,9 @@ def test_a_stop_whose_save_is_not_published_says_so_and_names_the_newest_checkpo
     s3_bucket, workdir, fault
 ):
     """Step 10 is saved; then the store refuses every upload (503s), or takes longer than
-    torchrun's shutdown deadline. The stop's line says NOT saved and why, and names step 10,
-    the newest checkpoint the store holds; the exit code is still 143, never 0."""
+    torchrun's shutdown deadline. The stop's line says NOT saved and why, names step 10, the
+    newest checkpoint the store holds, and the snapshot that holds the stop's step; the exit
+    code is still 143, never 0."""
     prefix = f"not-saved-{fault.replace(' ', '-')}"
     failing = threading.Event()
     uploads = lambda method, path: failing.is_set() and method == "PUT" and "/step-" in path  # noqa: E731
@@ -192,7 +195,9 @@ def test_a_stop_whose_save_is_not_published_says_so_and_names_the_newest_checkpo
     why = (
         "its write failed" if fault == "refused" else "its write did not finish before the shutdown deadline"
     )
-    assert lines[0].endswith(f": NOT saved ({why}); the newest checkpoint is step 10"), lines[0]
+    stopped_at = re.search(r"stopped by SIGTERM at step (\d+)", lines[0])[1]
+    where = f"step {stopped_at} is in the snapshots on {socket.gethostname()} (step {stopped_at})"
+    assert lines[0].endswith(f": NOT saved ({why}); the newest checkpoint is step 10; {where}"), lines[0]
 
 
 @pytest.mark.slow
