@@ -60,7 +60,7 @@ RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \
 ENV PATH="/opt/venv/bin:$PATH"
 USER 10001:10001
 WORKDIR /tmp
-EXPOSE 23456 9401
+EXPOSE 23456 9401 9402
 # exec form: ddp-launch is PID 1 and gets SIGTERM, which it forwards to torchrun; it checks
 # the config, waits for the rendezvous host, then runs torchrun with the options after "--"
 # (the rest come from the operator's PET_* env)

@@ -281,7 +281,7 @@ def test_monitoring_objects_and_their_switches():
     minimal = scenario(CHART_DIR / "ci" / "minimal-values.yaml")
     assert sorted(o["kind"] for o in minimal.objects) == ["ConfigMap", "PyTorchJob"]
     container = trainer_container(pod_templates(minimal.one("PyTorchJob"))["Worker"])
-    assert [p["name"] for p in container["ports"]] == ["pytorchjob-port"]
+    assert [p["name"] for p in container["ports"]] == ["pytorchjob-port", "health"]
     volumes = {v["name"]: v for v in pod_templates(minimal.one("PyTorchJob"))["Worker"]["spec"]["volumes"]}
     assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "shared-checkpoints"
 

@@ -33,7 +33,8 @@ def test_seeded_fault_trials_lose_at_most_the_snapshot_interval_and_end_bit_iden
     assert completed.returncode == 0, completed.stdout + completed.stderr[-3000:]
     trial = (
         r"SIGKILL rank \d after step (\d+) -> resumed from step (\d+) \(snapshot on [^)]+\), "
-        r"(-?\d+) lost as seen, (\d+) as the trainer counts; final state bit-identical"
+        r"(-?\d+) lost as seen, (\d+) as the trainer counts; training again after [\d.]+s; "
+        r"final state bit-identical"
     )
     trials = [tuple(map(int, found)) for found in re.findall(trial, completed.stdout)]
     assert len(trials) == 2, completed.stdout

@@ -21,7 +21,7 @@ from conftest import json_records, process_env, s3_env, torchrun_command
 from fault_proxy import FaultProxy
 
 from trainer.config import WatchdogConfig
-from trainer.distributed.heartbeat import STEP, VALIDATION, Heartbeat, PhaseLimits, read_records
+from trainer.distributed.heartbeat import CHECKPOINT, STEP, VALIDATION, Heartbeat, PhaseLimits, read_records
 from trainer.distributed.watchdog import RESTART_QUIET_S, Watchdog
 
 # ------------------------------------------------------------------ limits and records
@@ -56,6 +56,17 @@ def test_a_record_reads_back_what_the_rank_wrote(tmp_path):
         assert inside.phase == VALIDATION and inside.overdue(time.monotonic())
     heartbeat.close()
     assert read_records(tmp_path) == []
+
+
+def test_a_phase_inside_another_gives_it_back_its_limit(tmp_path):
+    heartbeat = Heartbeat(tmp_path, 0, WatchdogConfig(floor_s=1))
+    heartbeat.enter("finish", limit_s=600)  # a stop's long wait for its upload
+    with heartbeat.phase(CHECKPOINT):
+        (inside,) = read_records(tmp_path)
+        assert inside.phase == CHECKPOINT
+    (after,) = read_records(tmp_path)
+    assert (after.phase, after.limit_s) == ("finish", 600)
+    heartbeat.close()
 
 
 # ------------------------------------------------------------- the watchdog's judgement

@@ -8,8 +8,8 @@ directory), and renews it every `lease_s`:
 - absent: taken;
 - held by this job (a torchrun restart, a re-rendezvous, a re-created pod: the same
   `TRAINER_JOB_ID`, or torchrun's run id): taken back at once;
-- held by another job whose heartbeat is older than `STALE_INTERVALS` of its interval: its
-  owner died; taken over, with a warning;
+- held by another job whose heartbeat is older than `STALE_INTERVALS` of its interval, or
+  whose process on this very host is gone: its owner died; taken over, with a warning;
 - held by another live job: refused, one line naming the owner (exit 2).
 Every publish of a step and of `latest.json` is fenced: the commit reads the lease first
 and refuses when it is no longer this run's (`LeaseFence`). A renewal that finds another
@@ -28,6 +28,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import psutil
 
 from trainer.checkpoint.store import CheckpointStore
 from trainer.config import ConfigError
@@ -105,7 +107,7 @@ class Lease:
             if holder is not None and holder.get("job") != self.holder["job"]:
                 age = now - float(holder.get("heartbeat_at", 0))
                 stale_after = STALE_INTERVALS * float(holder.get("interval_s", self.interval_s))
-                if age <= stale_after:
+                if age <= stale_after and not self._died_here(holder):
                     wait = f"{stale_after - age:.0f}s"
                     raise ConfigError(
                         "checkpoint.uri",
@@ -118,6 +120,16 @@ class Lease:
             if self._write(current[1]):
                 return
         raise ConfigError("checkpoint.uri", self.store.uri, "its lease changed hands 5 times as it was taken")
+
+    def _died_here(self, holder: dict[str, Any]) -> bool:
+        """Whether the owner ran on this host and its process is gone (a run killed on a
+        laptop and started again): no need to wait for its heartbeat to go stale."""
+        if holder.get("host") != self.holder["host"]:
+            return False
+        try:
+            return not psutil.pid_exists(int(holder.get("pid", 0)))
+        except (TypeError, ValueError):
+            return False
 
     def _write(self, version: str | None) -> bool:
         """A conditional write of a fresh heartbeat; its version kept for the next one."""

@@ -165,15 +165,15 @@ class LocalStore(CheckpointStore):
 
     @contextmanager
     def _locked(self, name: str) -> Iterator[None]:
-        """An exclusive lock beside `name` for a compare-and-swap: flock(2), which holds
-        between processes and hosts on one filesystem (NFS v4 included) and goes with its holder."""
+        """An exclusive lock for a compare-and-swap of `name`: flock(2) on the directory
+        itself, which holds between processes, goes with its holder and leaves no file."""
         self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / f".{name}.lock", "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        descriptor = os.open(self.root, os.O_RDONLY)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(descriptor)  # releases the lock
 
     def local_path(self, name: str, cache: Path) -> Path:
         return self.root / name

@@ -144,6 +144,7 @@ class Heartbeat:
         self._main = threading.main_thread().ident or 0
         self._writes = 0
         self.step, self.phase_name, self.since = 0, STARTUP, time.monotonic()
+        self.explicit_limit_s: float | None = None  # the current phase's limit, when given
         self._write(self.limits.limit(STARTUP))
 
     def _write(self, limit: float) -> None:
@@ -157,7 +158,7 @@ class Heartbeat:
         start-up, resume or a slow phase closes that phase instead)."""
         now = time.monotonic()
         self.limits.observe(self.phase_name, now - self.since)
-        self.step, self.phase_name, self.since = step, STEP, now
+        self.step, self.phase_name, self.since, self.explicit_limit_s = step, STEP, now, None
         self._write(self.limits.limit(STEP))
 
     def enter(self, phase: str, limit_s: float | None = None) -> None:
@@ -166,19 +167,19 @@ class Heartbeat:
         now = time.monotonic()
         if self.phase_name not in (STEP, STARTUP):
             self.limits.observe(self.phase_name, now - self.since)
-        self.phase_name, self.since = phase, now
+        self.phase_name, self.since, self.explicit_limit_s = phase, now, limit_s
         self._write(self.limits.limit(phase) if limit_s is None else limit_s)
 
     @contextmanager
     def phase(self, phase: str, limit_s: float | None = None) -> Iterator[None]:
         """`phase` for the block's duration (observed), then back to the phase before it,
-        whose clock starts again."""
-        before = self.phase_name
+        with its limit, and its clock started again."""
+        before, before_limit_s = self.phase_name, self.explicit_limit_s
         self.enter(phase, limit_s)
         try:
             yield
         finally:
-            self.enter(before)
+            self.enter(before, before_limit_s)
 
     def close(self) -> None:
         """The rank is done: no limit applies any more, and its files go."""

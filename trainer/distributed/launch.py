@@ -279,7 +279,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     heartbeats = Path(tempfile.gettempdir()) / f"ddp-launch-{os.getpid()}.heartbeats"
     server = None
     if options.health_port:
-        server = serve_health((options.health_address, options.health_port), heartbeats)
+        try:
+            server = serve_health((options.health_address, options.health_port), heartbeats)
+        except OSError as error:
+            where = f"{options.health_address or '*'}:{options.health_port}"
+            _say(f"error: --health-port {options.health_port}: cannot listen on {where} ({error.strerror})")
+            return EXIT_CONFIG_ERROR
     try:
         return _launch(options, torchrun_args, target, fatal_file, heartbeats)
     finally:
