@@ -1,7 +1,7 @@
 """The frozen-pod trial of `benchmarks.fault_trials`: the chart's two-pod CPU job (one
 rank per pod) under `ddp-ops local`, whose second pod has every process SIGSTOPped after
 a chosen step, as a frozen node would. Its ddp-launch cannot answer /healthz, the kubelet's
-liveness probe (every 2 s, 1 s timeout, 3 failures) fails, the kubelet kills the container
+liveness probe (every 2 s, 2 s timeout, 3 failures) fails, the kubelet kills the container
 (SIGTERM, then SIGKILL after the probe's 2 s grace period), the operator re-creates the pod (137)
 with an empty /dev/shm, and the job resumes from the first pod's snapshot."""
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from benchmarks.fault_trials import Trial
 
 PROBES = (
-    "liveness.periodSeconds=2,liveness.timeoutSeconds=1,liveness.failureThreshold=3,"
+    "liveness.periodSeconds=2,liveness.timeoutSeconds=2,liveness.failureThreshold=3,"
     "liveness.terminationGracePeriodSeconds=2,metrics.port=0,checkpoints.existingClaim=checkpoints"
 )
 TRAINER = (

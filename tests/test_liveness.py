@@ -99,15 +99,15 @@ def test_the_chart_probes_ddp_launch_and_can_turn_it_off():
 @pytest.mark.slow
 def test_a_frozen_pod_fails_its_liveness_probe_and_is_recreated_and_the_job_resumes(tmp_path):
     """Two CPU pods from the chart; once both hold a snapshot of step 20 or later, every
-    process of pod 1 is SIGSTOPped. Its /healthz cannot answer: after two failed probes the
+    process of pod 1 is SIGSTOPped. Its /healthz cannot answer: after three failed probes the
     kubelet kills it (SIGTERM, which a stopped process cannot take, then SIGKILL after the
     probe's grace period), the operator re-creates it (137), and the job resumes from pod 0's
     snapshot. Pod 0, whose rank only waited meanwhile, stays healthy: no restart."""
     values = merge_values(
         files=[CPU_VALUES],
         sets=[
-            f"metrics.port={free_port()},liveness.periodSeconds=2,liveness.timeoutSeconds=1,"
-            "liveness.failureThreshold=2,liveness.terminationGracePeriodSeconds=2",
+            f"metrics.port={free_port()},liveness.periodSeconds=2,liveness.timeoutSeconds=2,"
+            "liveness.failureThreshold=3,liveness.terminationGracePeriodSeconds=2",
             "trainer.config.data.name=plugins:slow_digits,trainer.config.data.options.delay_s=0.002,"
             "trainer.config.train.max_steps=60,trainer.config.checkpoint.every_steps=1000,"
             "trainer.config.log.every_steps=10",
@@ -136,7 +136,7 @@ def test_a_frozen_pod_fails_its_liveness_probe_and_is_recreated_and_the_job_resu
     assert outcome.status == "Succeeded", (notes, {k: v[-2000:] for k, v in logs.items()})
     assert frozen and (outcome.recreations, outcome.restarts) == (1, 0)
     (killed,) = [note for note in notes if "liveness probes failed" in note]
-    assert killed.startswith("pod ddp-run-ddp-trainer-worker-1: 2 liveness probes failed in a row")
+    assert killed.startswith("pod ddp-run-ddp-trainer-worker-1: 3 liveness probes failed in a row")
     resumed = re.findall(
         r"resumed from step (\d+) \(snapshot on ddp-run-ddp-trainer-worker-0",
         logs["ddp-run-ddp-trainer-worker-0"] + logs["ddp-run-ddp-trainer-worker-1"],
