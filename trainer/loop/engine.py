@@ -164,7 +164,7 @@ class Trainer:
             self._validate()
         with self.heartbeat.phase(phases.FINISH, limit_s=2 * self.solo_budget_s):  # rank 0 waits alone
             if not self.checkpoints.wait(self.solo_budget_s):
-                self.log.warning("the last checkpoint write is still running; testing meanwhile")
+                self.log.warning("the last checkpoint write is still running after %.0fs", self.solo_budget_s)
             if not self.checkpoints.is_durable(self.progress.step):
                 raise self.checkpoints.report_not_durable(self.progress.step, self.solo_budget_s)
             if self.checkpoints.snapshot_every:
