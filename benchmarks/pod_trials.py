@@ -8,7 +8,6 @@ with an empty /dev/shm, and the job resumes from the first pod's snapshot."""
 from __future__ import annotations
 
 import json
-import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from operator_scripts.chart import CHART_DIR, merge_values, render
-from operator_scripts.local import kill_pod, run
+from operator_scripts.local import freeze_pod, run
 
 if TYPE_CHECKING:
     from benchmarks.fault_trials import Trial
@@ -63,7 +62,7 @@ def freeze_trial(workdir: Path, fault_after: int, every: int, reference: dict) -
             return
         record = json.loads(line)
         if timeline.due(record) and pods_now:
-            kill_pod(pods_now[1], signal.SIGSTOP)  # every process of the pod
+            freeze_pod(pods_now[1])  # every process of the pod
             timeline.faulted(record["step"])
         timeline.read(record)
 

@@ -173,6 +173,9 @@ class DockerRuntime:
     def signal(self, pod: LocalPod, sig: int) -> None:
         self.engine.run("kill", "--signal", str(int(sig)), pod.name, check=False)
 
+    def freeze(self, pod: LocalPod) -> None:
+        self.engine.run("pause", pod.name, check=False)
+
     def logs(self, pod_name: str) -> str:
         """`docker logs` of the pod's current container, its stdout and stderr in one stream
         in the order written, as `kubectl logs` shows them."""

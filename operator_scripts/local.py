@@ -278,6 +278,13 @@ def kill_pod(pod: LocalPod, sig: int = signal.SIGKILL) -> None:
         pod.runtime.signal(pod, sig)
 
 
+def freeze_pod(pod: LocalPod) -> None:
+    """Freeze every process of the pod at once, as a hung node leaves them: SIGSTOP to the
+    process runtime's tree, `docker pause` (the cgroup freezer) to a container."""
+    if pod.process is not None:
+        pod.runtime.freeze(pod)
+
+
 def _stop(pod: LocalPod) -> None:
     """Delete a pod: SIGTERM its processes, SIGKILL what is left after its grace period."""
     grace = pod.plan.template["spec"].get("terminationGracePeriodSeconds", 30)

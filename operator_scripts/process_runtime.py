@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,9 @@ class ProcessRuntime:
 
     def signal(self, pod: LocalPod, sig: int) -> None:
         signal_tree(pod.process.pid, sig)
+
+    def freeze(self, pod: LocalPod) -> None:
+        signal_tree(pod.process.pid, signal.SIGSTOP)
 
 
 def check_sandbox(hosts: HostsTable) -> None:

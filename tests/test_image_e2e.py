@@ -24,11 +24,37 @@ from operator_scripts.docker_engine import Engine, building_cli
 from operator_scripts.docker_runtime import DockerRuntime
 from operator_scripts.image import REPO as IMAGE_CONTEXT
 from operator_scripts.image import build, choose_base, default_ca, default_tag, history
-from operator_scripts.local import LocalPod, kill_pod, run
+from operator_scripts.local import LocalPod, freeze_pod, kill_pod, run
 
 pytestmark = pytest.mark.image
 
 CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"
+SECRETS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+
+def bucket(endpoint: str):
+    """The bucket `e2e` on moto, and a client for the test's own looks."""
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **{
+        "aws_access_key_id": SECRETS["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": SECRETS["AWS_SECRET_ACCESS_KEY"],
+    })  # fmt: skip
+    client.create_bucket(Bucket="e2e")
+    return client
+
+
+def chart_values(endpoint: str, prefix: str, max_steps: int, *sets: str) -> dict:
+    """The chart's CPU values with checkpoints in `e2e/PREFIX` on moto, `max_steps` steps
+    and no durable checkpoint before the end."""
+    return merge_values(
+        files=[CPU_VALUES],
+        sets=[
+            f"checkpoints.s3.bucket=e2e,checkpoints.s3.prefix={prefix},checkpoints.s3.endpoint={endpoint},"
+            "checkpoints.s3.region=us-east-1,checkpoints.s3.existingSecret=s3-keys",
+            f"trainer.config.train.max_steps={max_steps},trainer.config.checkpoint.every_steps=1000,"
+            "trainer.config.log.every_steps=10",
+            *sets,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,22 +77,8 @@ def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metri
     release, prefix, max_steps = "e2e", "image-e2e", 150  # 8 of the chart's 10 epochs
     job_name = f"{release}-ddp-trainer"
     with DockerRuntime(docker, job_name) as runtime, serve_moto(runtime.gateway) as endpoint:
-        client = boto3.client(
-            "s3", endpoint_url=endpoint, region_name="us-east-1",
-            aws_access_key_id="testing", aws_secret_access_key="testing",
-        )  # fmt: skip
-        client.create_bucket(Bucket="e2e")
-        values = merge_values(
-            files=[CPU_VALUES],
-            sets=[
-                f"checkpoints.s3.bucket=e2e,checkpoints.s3.prefix={prefix},checkpoints.s3.endpoint={endpoint},"
-                "checkpoints.s3.region=us-east-1,checkpoints.s3.existingSecret=s3-keys",
-                f"trainer.config.train.max_steps={max_steps},trainer.config.checkpoint.every_steps=1000,"
-                "trainer.config.log.every_steps=10",
-            ],
-        )
-        rendered = render(values, release=release, namespace="training")
-        secrets = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+        client = bucket(endpoint)
+        rendered = render(chart_values(endpoint, prefix, max_steps), release=release, namespace="training")
         scraped: list[str] = []
         killed: list[str] = []
 
@@ -89,7 +101,7 @@ def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metri
             timeout=420,
             stream=lines.append,
             on_tick=kill_then_scrape,
-            host_env=secrets,
+            host_env=SECRETS,
             runtime=runtime,
         )
         rank0_log = runtime.logs(f"{job_name}-worker-0")
@@ -118,6 +130,56 @@ def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metri
     assert rank0_log.count("rank 0 lost a peer (") == 1 and "Traceback" not in rank0_log
     assert "world size 2 (2 nodes x 1 process)" in "\n".join(lines)  # the same log, streamed
     assert runtime.left_behind() == []  # every container of the run, and its network, removed
+
+
+def test_a_paused_container_fails_its_liveness_probe_and_the_pod_is_recreated(docker, tmp_path):
+    """`docker pause` of worker-1's container once both pods hold a snapshot of step 20:
+    the cgroup freezer stops every process in it at once, its watchdog included, as a
+    frozen node does. Its /healthz cannot answer: after three failed probes the kubelet
+    kills the container, the operator re-creates the pod, and the job resumes from
+    worker-0's snapshot and succeeds. worker-0, whose rank only waited, is not restarted."""
+    release, prefix, max_steps = "frozen", "image-e2e-frozen", 150
+    job_name = f"{release}-ddp-trainer"
+    with DockerRuntime(docker, job_name) as runtime, serve_moto(runtime.gateway) as endpoint:
+        client = bucket(endpoint)
+        probes = (
+            "liveness.periodSeconds=2,liveness.timeoutSeconds=2,liveness.failureThreshold=3,"
+            "liveness.terminationGracePeriodSeconds=2"
+        )
+        values = chart_values(endpoint, prefix, max_steps, probes)
+        rendered = render(values, release=release, namespace="training")
+        frozen: list[str] = []
+
+        def freeze_worker_1(pods: list[LocalPod]) -> None:
+            if not frozen and min(max(snapshot_steps(pod.folder), default=0) for pod in pods) >= 20:
+                freeze_pod(pods[1])
+                frozen.append(pods[1].name)
+
+        notes: list[str] = []
+        outcome = run(
+            rendered.objects,
+            tmp_path / "pods",
+            timeout=420,
+            stream=None,
+            notify=notes.append,
+            on_tick=freeze_worker_1,
+            host_env=SECRETS,
+            runtime=runtime,
+        )
+        latest = client.get_object(Bucket="e2e", Key=f"{prefix}/latest.json")["Body"].read().decode()
+
+    print(f"\n{outcome.summary()}", *notes, sep="\n  ")
+    logs = {name: path.read_text() for name, path in outcome.logs.items()}
+    assert outcome.status == "Succeeded", (notes, {name: text[-2000:] for name, text in logs.items()})
+    assert frozen == [f"{job_name}-worker-1"] and (outcome.recreations, outcome.restarts) == (1, 0)
+    (killed,) = [note for note in notes if "liveness probes failed" in note]
+    assert killed.startswith(f"pod {job_name}-worker-1: 3 liveness probes failed in a row"), killed
+    resumes = rf"resumed from step (\d+) \(snapshot on {job_name}-worker-0"
+    resumed = re.findall(resumes, "".join(logs.values()))
+    assert len(resumed) == 1 and int(resumed[0]) >= 20, resumed
+    assert "watchdog" not in logs[f"{job_name}-worker-0"]  # its waiting rank was not blamed
+    assert f'"step": {max_steps}' in latest, latest
+    assert runtime.left_behind() == []
 
 
 INVENTORY = """

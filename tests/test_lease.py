@@ -22,6 +22,7 @@ from trainer.checkpoint import Checkpointer
 from trainer.checkpoint.lease import LEASE_FILE, Lease, LeaseLost
 from trainer.checkpoint.location import open_store
 from trainer.checkpoint.store import LocalStore
+from trainer.checkpoint.writing import AttemptFailed, PublishFailed, SaveRequest, SaveWork
 from trainer.config import CheckpointConfig, ConfigError
 
 
@@ -95,6 +96,25 @@ def test_a_commit_without_the_lease_publishes_nothing(tmp_path):
         checkpointer.save({"model": {}}, step=2, epoch=0, world_size=1)
     assert store.steps() == [1] and json.loads(store.get("latest.json"))["step"] == 1
     assert not list(store.root.glob(".step-*"))  # the staging folder went too
+
+
+def test_a_publish_that_lost_the_lease_is_not_retried(tmp_path):
+    """Attempts are for a store that may take the write later; a lease another run holds
+    will not come back, so the first refusal ends the save, with no back-off slept."""
+    store = LocalStore(tmp_path / "checkpoints")
+    lost = Lease(store, "job-a", "run-a", interval_s=10)
+    lost.acquire()
+    store.put(LEASE_FILE, b'{"token": "other", "job": "b"}')
+    durable = Checkpointer(store, keep_last=3, cache=tmp_path / "cache", fence=lost.fence)
+    events, slept = [], []
+    work = SaveWork(durable, None, attempts=3, report=events.append, sleep=slept.append)
+    request = SaveRequest(step=5, epoch=0, world_size=1, snapshot=False, durable=True)
+    staged = work.stage({"model": {}}, request)
+    work.publish(staged, request)
+    failures = [event for event in events if isinstance(event, AttemptFailed)]
+    assert len(failures) == 1 and "no longer this run's" in failures[0].error
+    assert events[-1] == PublishFailed(5, 1) and slept == []
+    assert store.steps() == [] and not staged.exists()
 
 
 def test_of_many_racing_jobs_exactly_one_takes_the_lease(tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,7 +16,7 @@ from conftest import HELPERS, REPO, free_port, process_env, snapshot_steps
 
 from operator_scripts.chart import merge_values, render
 from operator_scripts.kubelet_probe import ContainerProber, ProbeSpec
-from operator_scripts.local import kill_pod, run
+from operator_scripts.local import freeze_pod, run
 from trainer.config import WatchdogConfig
 from trainer.distributed.heartbeat import Heartbeat
 from trainer.distributed.liveness import serve_health
@@ -119,7 +118,7 @@ def test_a_frozen_pod_fails_its_liveness_probe_and_is_recreated_and_the_job_resu
 
     def freeze_worker_1_after_step_20(pods):
         if not frozen and min(max(snapshot_steps(pod.folder), default=0) for pod in pods) >= 20:
-            kill_pod(pods[1], signal.SIGSTOP)
+            freeze_pod(pods[1])
             frozen["at"] = time.monotonic()
 
     notes: list[str] = []

@@ -22,7 +22,7 @@ from fault_proxy import FaultProxy
 
 from trainer.config import WatchdogConfig
 from trainer.distributed.heartbeat import CHECKPOINT, STEP, VALIDATION, Heartbeat, PhaseLimits, read_records
-from trainer.distributed.watchdog import RESTART_QUIET_S, Watchdog
+from trainer.distributed.watchdog import REJUDGE_S, RESTART_QUIET_S, VERDICTS_FILE, Watchdog
 
 # ------------------------------------------------------------------ limits and records
 
@@ -140,6 +140,26 @@ def test_a_rank_waiting_for_peers_is_not_blamed_and_the_hung_one_is(tmp_path, ca
     finally:
         waiting.kill()
         hung.kill()
+
+
+def test_a_rank_found_waiting_is_asked_again_only_after_rejudge_s(tmp_path):
+    """Each ask for a stack interrupts the rank (SIGUSR1): one found waiting, its record
+    unchanged, keeps that verdict for REJUDGE_S, and the pod's liveness still reads it."""
+    waiting = start_rank(tmp_path, 0, "wait")
+    try:
+        time.sleep(0.6)
+        watchdog = Watchdog(tmp_path, "node-a", wait_limit_s=60)
+        asked, ask = [], watchdog.stack
+        watchdog.stack = lambda record, **options: asked.append(record.rank) or ask(record, **options)
+        now = time.monotonic()
+        for later in (0.0, 1.0, 2.0, REJUDGE_S - 0.5):
+            assert watchdog.check(now + later) == []
+            assert json.loads((tmp_path / VERDICTS_FILE).read_text())["states"] == {"0": "waiting"}
+        assert asked == [0]
+        assert watchdog.check(now + REJUDGE_S) == [] and asked == [0, 0]
+        assert waiting.poll() is None
+    finally:
+        waiting.kill()
 
 
 # ------------------------------------------------------------------------ whole runs

@@ -1,5 +1,14 @@
-"""Entry point for `python -m trainer` and `torchrun -m trainer`."""
+"""Entry point for `python -m trainer` and `torchrun -m trainer`: a restarted worker runs as
+a child of its agent's fork server where there is one (trainer/distributed/forkserver.py),
+and as itself otherwise."""
 
-from trainer.cli import main
+import sys
 
-raise SystemExit(main())
+from trainer.distributed.forkserver import forked_run
+
+code = forked_run(sys.argv)
+if code is None:
+    from trainer.cli import main
+
+    code = main()
+raise SystemExit(code)

@@ -110,7 +110,8 @@ def report(error: ConfigError, context: DistContext) -> int:
     """One line on stderr (rank-prefixed off rank 0), and the launcher told not to retry."""
     prefix = "" if context.is_main else f"[rank {context.rank}] "
     line = f"{prefix}trainer: error: {error}"
-    print(line, file=sys.stderr, flush=True)
+    sys.stderr.write(line + "\n")  # one write, so ranks sharing a pipe cannot interleave it
+    sys.stderr.flush()
     if FATAL_FILE_ENV in os.environ:
         with contextlib.suppress(OSError):
             Path(os.environ[FATAL_FILE_ENV]).write_text(line + "\n")

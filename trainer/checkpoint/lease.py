@@ -64,10 +64,17 @@ class LeaseFence:
 
     token: str
 
-    def check(self, store: CheckpointStore) -> None:
+    def holder(self, store: CheckpointStore) -> tuple[dict[str, Any] | None, str | None, bool]:
+        """The lease's holder now, its version, and whether it is this run."""
         current = store.get_versioned(LEASE_FILE)
-        holder = _parse(current[0]) if current else None
-        if holder is None or holder.get("token") != self.token:
+        if current is None:
+            return None, None, False
+        holder = _parse(current[0])
+        return holder, current[1], holder is not None and holder.get("token") == self.token
+
+    def check(self, store: CheckpointStore) -> None:
+        holder, _, ours = self.holder(store)
+        if not ours:
             owner = describe(holder, time.time()) if holder else "nobody"
             raise LeaseLost(f"the lease of {store.uri} is no longer this run's: {owner} holds it")
 
@@ -161,10 +168,9 @@ class Lease:
         holds the lease."""
         if self._write(self.version):
             return True
-        current = self.store.get_versioned(LEASE_FILE)
-        holder = _parse(current[0]) if current else None
-        if holder is not None and holder.get("token") == self.fence.token:
-            self.version = current[1]  # ours still: a retried request had rewritten it
+        holder, version, ours = self.fence.holder(self.store)
+        if ours:
+            self.version = version  # ours still: a retried request had rewritten it
             return True
         self.lost_to = describe(holder, time.time()) if holder else "nobody (it was removed)"
         return False

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer.checkpoint.lease import LeaseLost
 from trainer.checkpoint.manager import Checkpointer
 
 
@@ -128,6 +129,9 @@ class SaveWork:
                 except Exception as error:  # any failure of this attempt; the run goes on
                     self.report(AttemptFailed(request.step, attempt, self.attempts, str(error)))
                     shutil.rmtree(spare, ignore_errors=True)
+                    if isinstance(error, LeaseLost):  # no later attempt may publish either
+                        self.report(PublishFailed(request.step, attempt))
+                        return
                     if attempt < self.attempts:
                         self.sleep(min(30.0, 2.0**attempt))
                     continue

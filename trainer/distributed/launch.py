@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -53,6 +54,7 @@ from trainer.distributed.liveness import serve_health
 
 EXIT_GAVE_UP = 1
 POLL_S = 0.2
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 ERROR_PREFIX = "trainer: error: "
 # set wherever this project starts torchrun: a restart then makes a fresh store instead of
 # reusing the rendezvous one, which hung or refused connections in 3 of 7 local
@@ -188,6 +190,26 @@ def signal_tree(pid: int, sig: int = signal.SIGKILL) -> None:
             member.send_signal(sig)
 
 
+def adopt_orphans() -> None:
+    """Become the subreaper of everything started below (prctl PR_SET_CHILD_SUBREAPER):
+    a process whose parent ends (the fork server, after the worker that started it; a
+    writer whose worker was killed) is re-parented here, not to the host's init, so this
+    pod's processes stay one tree, as a container's stay in its namespace. Where this
+    runs as a container's PID 1 it has that role anyway."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def reap_orphans(keep: int) -> None:
+    """Collect the exit status of adopted children that have ended, so that none stays a
+    zombie; torchrun's (`keep`) is its Popen's to collect."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.NoSuchProcess, ChildProcessError):
+                if child.pid != keep and child.status() == psutil.STATUS_ZOMBIE:
+                    os.waitpid(child.pid, os.WNOHANG)
+
+
 def relay(stream: BinaryIO, stopping: list[int], said: list[bytes]) -> None:
     """Copy torchrun's stderr (its workers' too) to ours. Once this pod is stopping, torchrun's
     own report of the signal, a traceback ending in SignalException and its warnings about
@@ -244,6 +266,7 @@ def run_torchrun(
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         while (code := process.poll()) is None:
+            reap_orphans(keep=process.pid)
             if fatal_file.exists() and not stopping:
                 signal_tree(process.pid)
                 process.wait()
@@ -272,6 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem := own_name_problem():
         print(f"ddp-launch: error: {problem}", file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR
+    adopt_orphans()
     for sig in (signal.SIGTERM, signal.SIGINT):  # while waiting: leave at once
         signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
     target = rendezvous_host(torchrun_args, dict(os.environ))

@@ -48,6 +48,7 @@ VERDICTS_FILE = "verdicts.json"
 VERDICTS_FRESH_S = 10.0  # a watchdog that wrote none for this long is not answering
 LIVENESS_LIMITS = 2.0  # a pod is unhealthy once a rank is silent this many limits
 RESTART_QUIET_S = 10.0  # after a removal, while torchrun restarts the group
+REJUDGE_S = 5.0  # how long a rank found waiting, its record unchanged, stays so judged
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)")
 _FRAME = re.compile(r'^\s+File "(?P<path>[^"]*)", line (?P<line>\d+) in (?P<function>\S+)')
 WAITING_FUNCTIONS = {"wait_for_peers", "_engine_run_backward"}
@@ -96,6 +97,7 @@ class Watchdog:
         self.wait_limit_s = wait_limit_s
         self.removed: set[int] = set()  # pids already killed
         self.quiet_until = 0.0
+        self.waiting: dict[int, tuple[Record, float]] = {}  # pid: the record judged waiting, when
 
     def check(self, now: float | None = None) -> list[Record]:
         """One look at every record: the ranks removed by it. What it made of each overdue
@@ -112,7 +114,7 @@ class Watchdog:
                 stopped = process.status() == psutil.STATUS_STOPPED
             except psutil.NoSuchProcess:
                 continue  # it exited: torchrun's business
-            verdict = Verdict("stopped", []) if stopped else self.judge(record)
+            verdict = Verdict("stopped", []) if stopped else self.judge(record, now)
             states[str(record.rank)] = verdict.state
             if verdict.blamed or record.silent_s(now) > self.wait_limit_s:
                 self.remove(record, verdict, now)
@@ -123,9 +125,19 @@ class Watchdog:
         write_verdicts(self.folder, now, states)
         return removed
 
-    def judge(self, record: Record) -> Verdict:
+    def judge(self, record: Record, now: float) -> Verdict:
+        """Waiting or hung, from its stack; a rank found waiting is asked again only after
+        `REJUDGE_S` or once its record moves, not at every look (each ask interrupts it)."""
+        judged = self.waiting.get(record.pid)
+        if judged is not None and judged[0] == record and now - judged[1] < REJUDGE_S:
+            return Verdict("waiting", [])
         frames = self.stack(record)
-        return Verdict("waiting" if is_waiting(frames) else "hung", frames)
+        verdict = Verdict("waiting" if is_waiting(frames) else "hung", frames)
+        if verdict.state == "waiting":
+            self.waiting[record.pid] = (record, now)
+        else:
+            self.waiting.pop(record.pid, None)
+        return verdict
 
     def stack(self, record: Record, *, resume: bool = False) -> list[str]:
         """The rank's main-thread stack, asked for by signal; [] when it does not answer.
@@ -151,7 +163,7 @@ class Watchdog:
 
     def remove(self, record: Record, verdict: Verdict, now: float) -> None:
         """One line naming the rank, its stack, then SIGCONT and SIGKILL."""
-        frames = verdict.stack or (self.stack(record, resume=True) if verdict.state == "stopped" else [])
+        frames = verdict.stack or self.stack(record, resume=verdict.state == "stopped")
         why = {
             "stopped": "its process is stopped (SIGSTOP, or a debugger)",
             "hung": "its main thread is not waiting for a peer",

@@ -1,0 +1,360 @@
+"""A node's fork server: torchrun's restarted workers start warm, not from a bare interpreter.
+
+A worker's start-up is mostly imports: torch, and torch._dynamo, which the optimizer's first
+`@_disable_dynamo` method imports (torch/_compile.py:47; torch/optim/optimizer.py:680),
+about 3 s of CPU on 2 cores, of a restart's 4.5 s. torchrun starts each worker as a fresh
+process (`Popen`, its own session: elastic/multiprocessing/subprocess_handler/
+subprocess_handler.py:63-77) and restarts all of them after any failure, so every restart
+paid them again.
+
+So the first round's workers (started cold, as ever) leave behind one process per torchrun
+agent, `python -m trainer.distributed.forkserver`, that imports all of that once, at the
+lowest CPU priority, and then waits on a Unix socket in a folder only this user can enter.
+A later round's `python -m trainer` connects (`forked_run`), passes its stdin, stdout and
+stderr, argv, environment, working directory and umask, and the server forks a child that
+becomes that worker: its own session, as torchrun gives each worker, then `trainer.cli.main`.
+The process torchrun watches stays the small client: it forwards the signals torchrun sends
+(SIGTERM to its group, `os.killpg` in subprocess_handler.py:79-85) to the child's group, and
+exits as the child did (the same code, or killed by the same signal). A client that dies
+(SIGKILL after torchrun's 30 s) takes the child with it: the child watches the connection.
+
+No worker waits for the server: one that finds none (the first round, a server still
+importing) starts cold, and the first of those starts the server. The server forks only
+while it has no thread but its main one and no CUDA context, and only for a worker whose
+environment agrees with its own in what is read at import time (`IMPORT_TIME_ENV`). It ends when its agent
+does. `TRAINER_FORK_SERVER=0` turns it off; it is off where torchrun restarts nothing
+(`--max-restarts=0`) and outside torchrun.
+
+This module imports no torch where it runs as the client: only the server preloads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.distributed.priority import lower_session_priority, lower_thread_priority
+
+SWITCH_ENV = "TRAINER_FORK_SERVER"
+PRELOAD = ("trainer.cli", "torch._dynamo")
+# read once, when torch or Python start: a child forked from a server started under other
+# values would not honour the worker's own
+IMPORT_TIME_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH", "PYTHONHASHSEED", "LD_PRELOAD")
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+POLL_S = 0.5
+IMPORT_NICENESS = 19
+_HEADER = struct.Struct("!I")
+SOCKET_PATH_MAX = 107  # sun_path's 108 bytes, less the terminating NUL (unix(7))
+STDIO = 3
+
+
+def socket_path(env: dict[str, str] | os._Environ = os.environ, agent_pid: int | None = None) -> Path:
+    """Where the server of this torchrun agent (the workers' parent) listens; the run id
+    is hashed to keep the path within a Unix socket's 107 bytes."""
+    run = hashlib.sha256(env.get("TORCHELASTIC_RUN_ID", "").encode()).hexdigest()[:12]
+    agent = os.getppid() if agent_pid is None else agent_pid
+    return Path(tempfile.gettempdir()) / f"ddp-forkserver-{os.getuid()}" / f"{agent}-{run}.sock"
+
+
+def wanted(env: dict[str, str] | os._Environ = os.environ) -> bool:
+    """Whether this worker's restarts can use a server: under torchrun, restarts allowed."""
+    restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    return env.get(SWITCH_ENV, "1") != "0" and "TORCHELASTIC_RUN_ID" in env and restarts not in ("", "0")
+
+
+# --- the client: what torchrun's worker process runs --------------------------------
+
+
+def forked_run(argv: list[str]) -> int | None:
+    """Run this worker as a child of the agent's server; its exit code, or None where there
+    is no server to ask (the caller then runs the trainer itself, and the first such worker
+    has started one)."""
+    if not wanted():
+        return None
+    path = socket_path()
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(str(path))
+    except OSError:
+        connection.close()
+        start_server(path)
+        return None
+    with connection:
+        order = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "umask": _umask()}
+        payload = json.dumps(order).encode()
+        try:
+            socket.send_fds(connection, [_HEADER.pack(len(payload))], [0, 1, 2])
+            connection.sendall(payload)
+        except OSError:  # a closed stdio, a server gone: nothing was started
+            return None
+        replies = connection.makefile("r")
+        started = _reply(replies)
+        if "pid" not in started:  # refused: nothing was started, so start cold
+            return None
+        return _follow(started["pid"], replies)
+
+
+def _follow(pid: int, replies) -> int:
+    """Forward torchrun's signals to the child's group until the server reports its end."""
+
+    def forward(signum: int, frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signum)
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    ended = _reply(replies)
+    if "status" not in ended:  # the server itself is gone: wait the child out, blind
+        while _alive(pid):
+            time.sleep(POLL_S)
+        say = f"trainer: the fork server ended before worker {pid}; its exit code is unknown"
+        print(say, file=sys.stderr)
+        return 1
+    code = os.waitstatus_to_exitcode(ended["status"])
+    if code >= 0:
+        return code
+    if -code not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(-code, signal.SIG_DFL)  # end as the child did: killed by the same signal
+    os.kill(os.getpid(), -code)
+    return 128 - code
+
+
+def _reply(replies) -> dict:
+    line = replies.readline()
+    return json.loads(line) if line else {}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def start_server(path: Path) -> None:
+    """Start the agent's server unless another worker of it has: the first to create the
+    lock file does. The server outlives this worker; its output goes nowhere (a pipe held
+    open would keep a reader of torchrun's output waiting for its end)."""
+    if len(os.fsencode(path)) > SOCKET_PATH_MAX:
+        return  # a TMPDIR too deep for a Unix socket: every round starts cold
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    if path.parent.stat().st_uid != os.getuid() or path.parent.stat().st_mode & 0o077:
+        return  # a folder someone else could enter: no server rather than one others can use
+    try:
+        os.close(os.open(path.with_suffix(".lock"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK")}
+    subprocess.Popen(
+        [sys.executable, "-u", "-m", "trainer.distributed.forkserver", str(path), str(os.getppid())],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+# --- the server ------------------------------------------------------------------------
+
+
+@dataclass
+class Order:
+    """What a forked child is to become: the worker whose client asked for it."""
+
+    connection: socket.socket
+    stdio: list[int]
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    umask: int
+
+
+def preload(agent_pid: int) -> bool:
+    """Import `PRELOAD` in a thread of the lowest CPU priority (Linux's nice is per thread),
+        so that the imports take only idle cycles while the first round trains, and the main
+        thread, whose priority the children inherit, keeps its own; the server's session is
+    lowered as a whole (the children leave it). False if the agent ended
+        meanwhile (a short run): then there is nothing to serve."""
+
+    def imports() -> None:
+        lower_thread_priority(IMPORT_NICENESS)
+        for module in PRELOAD:
+            __import__(module)
+
+    lower_session_priority(IMPORT_NICENESS)  # the children start sessions of their own
+    importer = threading.Thread(target=imports, daemon=True)
+    importer.start()
+    while importer.is_alive():
+        importer.join(POLL_S)
+        if not _alive(agent_pid):
+            return False
+    return True
+
+
+def serve(path: Path, agent_pid: int) -> Order | None:
+    """Preload, listen, and fork a child per client until the agent is gone. Returns in a
+    child only, with its order; in the server, None at the end."""
+    if not preload(agent_pid):
+        with contextlib.suppress(FileNotFoundError):
+            path.with_suffix(".lock").unlink()
+        return None
+    server_pid = os.getpid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    staged = path.with_suffix(".new")
+    with contextlib.suppress(FileNotFoundError):
+        staged.unlink()
+    listener.bind(str(staged))
+    listener.listen(16)
+    os.replace(staged, path)  # clients connect to a listening socket or to none
+    children: dict[int, socket.socket] = {}
+    try:
+        while _alive(agent_pid):
+            readable, _, _ = select.select([listener], [], [], POLL_S)
+            if readable:
+                order = _accept(listener, children)
+                if order is not None:
+                    listener.close()
+                    for connection in children.values():
+                        connection.close()
+                    return order
+            _reap(children)
+        return None
+    finally:
+        if os.getpid() == server_pid:
+            listener.close()
+            for stale in (path, path.with_suffix(".lock")):
+                with contextlib.suppress(FileNotFoundError):
+                    stale.unlink()
+
+
+def _accept(listener: socket.socket, children: dict[int, socket.socket]) -> Order | None:
+    """Take one client's order and fork its child; the order, in the child."""
+    connection, _ = listener.accept()
+    try:
+        order = _read_order(connection)
+    except (OSError, ValueError):
+        connection.close()
+        return None
+    refusal = _refusal(order)
+    if refusal is not None:
+        for fd in order.stdio:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            connection.sendall(json.dumps({"refused": refusal}).encode() + b"\n")
+        connection.close()
+        return None
+    pid = os.fork()
+    if pid == 0:
+        return order
+    for fd in order.stdio:
+        os.close(fd)
+    children[pid] = connection
+    with contextlib.suppress(OSError):
+        connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+    return None
+
+
+def _read_order(connection: socket.socket) -> Order:
+    credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", credentials)
+    header, fds, _, _ = socket.recv_fds(connection, _HEADER.size, STDIO)
+    if uid != os.getuid() or len(header) != _HEADER.size or len(fds) != STDIO:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("not an order from this user")
+    (length,) = _HEADER.unpack(header)
+    payload = bytearray()
+    while len(payload) < length:
+        chunk = connection.recv(length - len(payload))
+        if not chunk:
+            raise ValueError("a partial order")
+        payload += chunk
+    order = json.loads(payload)
+    return Order(connection, fds, order["argv"], order["env"], order["cwd"], order["umask"])
+
+
+def _refusal(order: Order) -> str | None:
+    if threading.active_count() != 1:
+        return "the server runs threads: a fork would copy their locks"
+    if sys.modules["torch"].cuda.is_initialized():
+        return "the server has initialised CUDA, which a forked child cannot use"
+    differing = [key for key in IMPORT_TIME_ENV if order.env.get(key) != os.environ.get(key)]
+    return f"{', '.join(differing)} differ from the server's" if differing else None
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    """Tell each ended child's client how it ended."""
+    for pid in list(children):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            connection = children.pop(pid)
+            with contextlib.suppress(OSError):
+                connection.sendall(json.dumps({"status": status}).encode() + b"\n")
+            connection.close()
+
+
+# --- the child: becoming the worker ----------------------------------------------------
+
+
+def become(order: Order) -> None:
+    """Turn this forked child into the worker its client runs for: its session, stdio,
+    directory, environment and argv; and its end, should the client die first."""
+    os.setsid()
+    for target, fd in enumerate(order.stdio):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(order.cwd)
+    os.umask(order.umask)
+    os.environ.clear()
+    os.environ.update(order.env)
+    sys.argv = order.argv
+    threading.Thread(target=_end_with_client, args=(order.connection,), daemon=True).start()
+
+
+def _end_with_client(connection: socket.socket) -> None:
+    """The client's end of the connection closes only when it exits: if this child is
+    still running then, the client was killed (SIGKILL cannot be forwarded)."""
+    with contextlib.suppress(OSError):
+        while connection.recv(1):
+            pass
+    os.killpg(0, signal.SIGKILL)
+
+
+def main(argv: list[str]) -> int:
+    path, agent_pid = Path(argv[0]), int(argv[1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the workers
+    order = serve(path, agent_pid)
+    if order is None:
+        return 0
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    become(order)
+    from trainer.cli import main as trainer_main
+
+    return trainer_main()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
