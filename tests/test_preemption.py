@@ -196,7 +196,7 @@ def test_a_stop_whose_save_is_not_published_says_so_and_names_the_newest_checkpo
         "its write failed" if fault == "refused" else "its write did not finish before the shutdown deadline"
     )
     stopped_at = re.search(r"stopped by SIGTERM at step (\d+)", lines[0])[1]
-    where = f"step {stopped_at} is in the snapshots on {socket.gethostname()} (step {stopped_at})"
+    where = f"the newer state is in the snapshots on {socket.gethostname()} (step {stopped_at})"
     assert lines[0].endswith(f": NOT saved ({why}); the newest checkpoint is step 10; {where}"), lines[0]
 
 

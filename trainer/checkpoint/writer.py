@@ -43,7 +43,7 @@ from trainer.telemetry.log import event
 
 # not `-m`: the package already imports the module, and runpy would run a second copy
 WRITER_MAIN = (
-    f"from trainer.distributed.priority import lower_priority; lower_priority({WRITER_NICENESS}); "
+    f"import os; os.nice({WRITER_NICENESS}); "
     "from trainer.checkpoint.writer_process import main; raise SystemExit(main())"
 )
 

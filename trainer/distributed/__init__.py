@@ -2,4 +2,4 @@
 `ddp-launch` around torchrun (`launch`), stopping together at a signal (`preemption`),
 finding a rank that stops making progress: each rank's record (`heartbeat`), the node's
 watchdog that reads them (`watchdog`) and the pod's `/healthz` (`liveness`); restarted
-workers forked from a warm server (`forkserver`), and helpers kept to idle CPU (`priority`)."""
+workers forked from a warm server (`forkserver`)."""

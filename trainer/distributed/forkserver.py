@@ -46,8 +46,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.distributed.priority import lower_session_priority, lower_thread_priority
-
 SWITCH_ENV = "TRAINER_FORK_SERVER"
 PRELOAD = ("trainer.cli", "torch._dynamo")
 # read once, when torch or Python start: a child forked from a server started under other
@@ -56,6 +54,8 @@ IMPORT_TIME_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH", "PYTHONHA
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 POLL_S = 0.5
 IMPORT_NICENESS = 19
+AUTOGROUP = Path("/proc/self/autogroup")
+ORDER_TIMEOUT_S = 5.0
 _HEADER = struct.Struct("!I")
 SOCKET_PATH_MAX = 107  # sun_path's 108 bytes, less the terminating NUL (unix(7))
 STDIO = 3
@@ -93,29 +93,54 @@ def forked_run(argv: list[str]) -> int | None:
         start_server(path)
         return None
     with connection:
+        forwarder = Forwarder()  # from before the order: a signal meanwhile is held, not lost
         order = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "umask": _umask()}
         payload = json.dumps(order).encode()
         try:
             socket.send_fds(connection, [_HEADER.pack(len(payload))], [0, 1, 2])
             connection.sendall(payload)
+            replies = connection.makefile("r")
+            started = _reply(replies)
         except OSError:  # a closed stdio, a server gone: nothing was started
-            return None
-        replies = connection.makefile("r")
-        started = _reply(replies)
+            started = {}
         if "pid" not in started:  # refused: nothing was started, so start cold
+            forwarder.restore()
             return None
-        return _follow(started["pid"], replies)
+        forwarder.started(started["pid"])
+        return _outcome(started["pid"], replies)
 
 
-def _follow(pid: int, replies) -> int:
-    """Forward torchrun's signals to the child's group until the server reports its end."""
+class Forwarder:
+    """torchrun's signals to this client, passed on to its child's group (its writer's
+    too, as torchrun's `killpg` would reach them); held until the child's pid is known."""
 
-    def forward(signum: int, frame: object) -> None:
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.pending: list[int] = []
+        self.previous = {sig: signal.signal(sig, self) for sig in FORWARDED}
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.pid is None:
+            self.pending.append(signum)
+            return
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signum)
+            os.killpg(self.pid, signum)
 
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
+    def started(self, pid: int) -> None:
+        self.pid = pid
+        for signum in self.pending:
+            self(signum, None)
+
+    def restore(self) -> None:
+        """Back to this process's own handlers, and what came meanwhile delivered to it."""
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        for signum in self.pending:
+            os.kill(os.getpid(), signum)
+
+
+def _outcome(pid: int, replies) -> int:
+    """The child's end, as the server reports it; this client's exit code for it."""
     ended = _reply(replies)
     if "status" not in ended:  # the server itself is gone: wait the child out, blind
         while _alive(pid):
@@ -192,6 +217,15 @@ class Order:
     umask: int
 
 
+def lower_session_priority(niceness: int) -> None:
+    """The nice value of this session's scheduling group, where the kernel groups tasks
+    by session (autogroup: tasks of the root cgroup only, kernel/sched/autogroup.c
+    `task_wants_autogroup`), and then ranks nice values within a group only (sched(7),
+    "The autogroup feature"). A child that starts a session of its own leaves the group."""
+    with contextlib.suppress(OSError):
+        AUTOGROUP.write_text(str(niceness))
+
+
 def preload(agent_pid: int) -> bool:
     """Import `PRELOAD` in a thread of the lowest CPU priority (Linux's nice is per thread),
         so that the imports take only idle cycles while the first round trains, and the main
@@ -200,7 +234,7 @@ def preload(agent_pid: int) -> bool:
         meanwhile (a short run): then there is nothing to serve."""
 
     def imports() -> None:
-        lower_thread_priority(IMPORT_NICENESS)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IMPORT_NICENESS)
         for module in PRELOAD:
             __import__(module)
 
@@ -230,16 +264,24 @@ def serve(path: Path, agent_pid: int) -> Order | None:
     listener.listen(16)
     os.replace(staged, path)  # clients connect to a listening socket or to none
     children: dict[int, socket.socket] = {}
+    ended, woken = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # a child's end wakes the loop
+    signal.set_wakeup_fd(woken)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     try:
         while _alive(agent_pid):
-            readable, _, _ = select.select([listener], [], [], POLL_S)
-            if readable:
+            readable, _, _ = select.select([listener, ended], [], [], POLL_S)
+            if listener in readable:
                 order = _accept(listener, children)
                 if order is not None:
                     listener.close()
                     for connection in children.values():
                         connection.close()
+                    os.close(ended)
+                    os.close(woken)
                     return order
+            if ended in readable:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(ended, 512)
             _reap(children)
         return None
     finally:
@@ -253,8 +295,10 @@ def serve(path: Path, agent_pid: int) -> Order | None:
 def _accept(listener: socket.socket, children: dict[int, socket.socket]) -> Order | None:
     """Take one client's order and fork its child; the order, in the child."""
     connection, _ = listener.accept()
+    connection.settimeout(ORDER_TIMEOUT_S)  # a client that sends nothing must not hold the server
     try:
         order = _read_order(connection)
+        connection.settimeout(None)
     except (OSError, ValueError):
         connection.close()
         return None
@@ -322,6 +366,8 @@ def _reap(children: dict[int, socket.socket]) -> None:
 def become(order: Order) -> None:
     """Turn this forked child into the worker its client runs for: its session, stdio,
     directory, environment and argv; and its end, should the client die first."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.setsid()
     for target, fd in enumerate(order.stdio):
         os.dup2(fd, target)

@@ -146,6 +146,6 @@ def report_stop(
     else:
         why = "its write failed" if published else "its write did not finish before the shutdown deadline"
         log.error(
-            "%s: NOT saved (%s); the newest checkpoint is step %s; step %d is %s",
-            stopped_at, why, newest_step, step, elsewhere,
+            "%s: NOT saved (%s); the newest checkpoint is step %s; the newer state is %s",
+            stopped_at, why, newest_step, elsewhere,
         )  # fmt: skip
