@@ -90,7 +90,8 @@ def forked_run(argv: list[str]) -> int | None:
         connection.connect(str(path))
     except OSError:
         connection.close()
-        start_server(path)
+        with contextlib.suppress(OSError):  # no room for one (a read-only /tmp): start cold
+            start_server(path)
         return None
     with connection:
         forwarder = Forwarder()  # from before the order: a signal meanwhile is held, not lost
