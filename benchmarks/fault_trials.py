@@ -1,7 +1,7 @@
 """Fault trials: hit a random rank at a random step, and check what the recovery lost.
 
     python -m benchmarks.fault_trials [--fault kill|stop|freeze] [--trials 10] [--seed 0]
-                                      [--snapshot-every 5]
+                                      [--snapshot-every 5] [--epochs 60] [--fork-server on|off]
 
 The faults:
   kill    SIGKILL one rank's worker: torchrun sees it exit and restarts both;
@@ -11,7 +11,11 @@ The faults:
           local` (a frozen node: its watchdog is frozen too): the kubelet's liveness probe
           (every 2 s, 3 failures) must fail, the pod is killed and re-created.
 Each runs the digits demo at 2 ranks with dropout on (so every rank's RNG streams matter), a
-snapshot every `--snapshot-every` steps and no durable checkpoint before the end. A trial
+snapshot every `--snapshot-every` steps and no durable checkpoint before the end, for
+`--epochs` (60: 1,140 steps, some 12 s of training). A kill or a stop comes at a random
+step once the agent's fork server listens (a failure in a run that has trained a while: the
+server is ready about 4 s after the first step here), so that its restart starts warm;
+`--fork-server off` restarts cold, as without it, for the side-by-side figure. A trial
 must lose at most `--snapshot-every` steps and end with weights and optimizer state
 bit-identical to one uninterrupted run of the same job; a stop or freeze must be found
 within 10 s and the run be training again within 30 s, with no other hang reported.
@@ -43,11 +47,13 @@ import psutil
 import torch
 
 from benchmarks.pod_trials import freeze_trial, reference_job_state
+from trainer.distributed.forkserver import SWITCH_ENV, listening
 from trainer.distributed.launch import RDZV_ENV, signal_tree
 
 OVERRIDES = (
     "model.dropout=0.3,checkpoint.every_steps=1000,log.every_steps=1,log.format=json,"
-    "metrics.port=0,checkpoint.snapshot_every_steps={every},checkpoint.snapshot_dir={snapshots}"
+    "metrics.port=0,checkpoint.snapshot_every_steps={every},checkpoint.snapshot_dir={snapshots},"
+    "train.epochs={epochs}"
 )
 DETECTION_BOUND_S, TRAINING_BOUND_S = 10.0, 30.0
 
@@ -65,6 +71,7 @@ class Trial:
     training_s: float | None  # fault to the first step after the resume
     false_alarms: int  # hangs reported that were not the fault's
     cold_s: float | None  # launch to the first step, in the same run: what a restart is held to
+    warm: bool | None = None  # whether the agent's fork server listened at the fault
 
     @property
     def seen_lost(self) -> int | None:
@@ -101,19 +108,21 @@ class Trial:
         alarms = f"; {self.false_alarms} FALSE ALARMS" if self.false_alarms else ""
         what = {"kill": "SIGKILL rank", "stop": "SIGSTOP rank", "freeze": "froze the pod of rank"}[self.fault]
         fault = f"{what} {self.rank} after step {self.seen_step}"
+        if self.warm is not None:
+            fault += ", its restart " + ("warm" if self.warm else "cold")
         return f"trial {index}: {fault} -> {resumed}; {timing}final state {verdict}{alarms}"
 
 
-def command(uri: str, every: int, snapshots: Path, restarts: int) -> list[str]:
-    overrides = OVERRIDES.format(every=every, snapshots=snapshots) + f",checkpoint.uri={uri}"
+def command(uri: str, every: int, snapshots: Path, restarts: int, epochs: int) -> list[str]:
+    overrides = OVERRIDES.format(every=every, snapshots=snapshots, epochs=epochs) + f",checkpoint.uri={uri}"
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
         f"--max-restarts={restarts}", "-m", "trainer", "--config", "digits", "--set", overrides,
     ]  # fmt: skip
 
 
-def environment() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", **RDZV_ENV}
+def environment(fork_server: bool = True) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", **RDZV_ENV, SWITCH_ENV: "1" if fork_server else "0"}
 
 
 def final_state(folder: Path) -> dict:
@@ -185,28 +194,44 @@ class Timeline:
         return None if self.first_step_at is None else self.first_step_at - self.launched_at
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What every trial of one invocation shares."""
+
+    every: int  # snapshot interval
+    epochs: int
+    fork_server: bool
+
+    def command(self, uri: Path, snapshots: Path, restarts: int) -> list[str]:
+        return command(str(uri), self.every, snapshots, restarts, self.epochs)
+
+
 def process_trial(
-    workdir: Path, index: int, fault: str, rank: int, fault_after: int, every: int, reference: dict
+    workdir: Path, index: int, fault: str, rank: int, fault_after: int, plan: Plan, reference: dict
 ) -> Trial:
-    """A kill or a stop of one worker under `torchrun --max-restarts=1`."""
+    """A kill or a stop of one worker under `torchrun --max-restarts=1`, once step
+    `fault_after` is done and (with the fork server on) the agent's server listens."""
     uri = workdir / f"trial-{index}"
     timeline = Timeline(fault_after)  # from the launch on: the run's cold start is timed too
     agent = subprocess.Popen(
-        command(str(uri), every, workdir / "snapshots", restarts=1),
+        plan.command(uri, workdir / "snapshots", restarts=1),
         cwd=workdir,
-        env=environment(),
+        env=environment(plan.fork_server),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
     )
+    warm = None
     try:
         for line in agent.stdout:
             if not line.startswith("{"):
                 continue
             record = json.loads(line)
             sig = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
-            if timeline.due(record) and signal_rank(agent, rank, sig):
+            ready = not plan.fork_server or listening(agent.pid)
+            if timeline.due(record) and ready and signal_rank(agent, rank, sig):
                 timeline.faulted(record["step"])
+                warm = plan.fork_server
             timeline.read(record)
         agent.wait(timeout=300)
     finally:
@@ -227,6 +252,7 @@ def process_trial(
         timeline.since_fault(timeline.training_at),
         abs(timeline.hangs - expected_hangs),
         timeline.cold_s,
+        warm,
     )
 
 
@@ -238,7 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--snapshot-every", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=60, help="kill and stop trials' run length")
+    parser.add_argument("--fork-server", choices=("on", "off"), default="on")
     args = parser.parse_args(argv)
+    plan = Plan(args.snapshot_every, args.epochs, args.fork_server == "on")
     chooser = random.Random(args.seed)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fault-trials-") as folder:
@@ -247,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             reference = reference_job_state(workdir, args.snapshot_every)
         else:
             subprocess.run(
-                command(str(workdir / "reference"), args.snapshot_every, workdir / "snapshots", restarts=0),
-                cwd=workdir, env=environment(), check=True, capture_output=True,
+                plan.command(workdir / "reference", workdir / "snapshots", restarts=0),
+                cwd=workdir, env=environment(plan.fork_server), check=True, capture_output=True,
             )  # fmt: skip
             reference = final_state(workdir / "reference")
         steps = reference["progress"]["step"]
@@ -259,8 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                 trial = freeze_trial(workdir / f"trial-{index}", fault_after, args.snapshot_every, reference)
             else:
                 rank = chooser.randrange(2)
-                every = args.snapshot_every
-                trial = process_trial(workdir, index, args.fault, rank, fault_after, every, reference)
+                trial = process_trial(workdir, index, args.fault, rank, fault_after, plan, reference)
             print(trial.describe(index), flush=True)
             trials.append(trial)
     print(summary(trials, args.snapshot_every, time.perf_counter() - started))

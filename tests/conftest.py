@@ -73,6 +73,20 @@ def snapshot_steps(pod_folder: Path) -> list[int]:
         return []
 
 
+def freeze_pod_1_once_snapshotted(step: int, frozen: list[str]):
+    """An `on_tick` for `ddp-ops local`'s `run`: once every pod holds a snapshot of `step` or
+    later, freeze every process of pod 1 (the runtime's stand-in for a frozen node), once;
+    its name goes into `frozen`."""
+    from operator_scripts.local import freeze_pod
+
+    def tick(pods) -> None:
+        if not frozen and min(max(snapshot_steps(pod.folder), default=0) for pod in pods) >= step:
+            freeze_pod(pods[1])
+            frozen.append(pods[1].name)
+
+    return tick
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
     """In CI (`CI` set, as .ci/run's runner sets it) only a missing GPU may skip a test: a

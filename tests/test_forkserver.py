@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import free_port, json_records, load_checkpoint, process_env, run_torchrun, torchrun_command
 
-from trainer.distributed.forkserver import socket_path
+from trainer.distributed.forkserver import listening, socket_path
 from trainer.distributed.launch import signal_tree
 
 RUN = (
@@ -41,11 +41,6 @@ def servers(agent_pid: int) -> list[psutil.Process]:
         if "trainer.distributed.forkserver" in cmdline and cmdline[-1] == str(agent_pid):
             found[process.pid] = process
     return [process for process in found.values() if process.info["ppid"] not in found]
-
-
-def listening(agent_pid: int) -> bool:
-    folder = socket_path({}, agent_pid).parent
-    return any(folder.glob(f"{agent_pid}-*.sock")) if folder.is_dir() else False
 
 
 def forked_workers(agent_pid: int) -> list[psutil.Process]:
@@ -249,7 +244,9 @@ def test_the_server_ends_with_its_agent_and_leaves_nothing_behind(workdir):
     path.parent.mkdir(mode=0o700, exist_ok=True)
     path.with_suffix(".lock").touch()
     server = subprocess.Popen(
-        [sys.executable, "-u", "-m", "trainer.distributed.forkserver", str(path), str(agent.pid)], env=env
+        [sys.executable, "-u", "-m", "trainer.distributed.forkserver", str(path), str(agent.pid)],
+        env=env,
+        start_new_session=True,  # as a worker starts it
     )
     deadline = time.monotonic() + 120
     while not path.exists() and time.monotonic() < deadline:

@@ -16,7 +16,7 @@ import urllib.request
 
 import boto3
 import pytest
-from conftest import REPO, assert_lost_within, serve_moto, snapshot_steps
+from conftest import REPO, assert_lost_within, freeze_pod_1_once_snapshotted, serve_moto, snapshot_steps
 
 from operator_scripts import image_lock
 from operator_scripts.chart import merge_values, render
@@ -24,7 +24,7 @@ from operator_scripts.docker_engine import Engine, building_cli
 from operator_scripts.docker_runtime import DockerRuntime
 from operator_scripts.image import REPO as IMAGE_CONTEXT
 from operator_scripts.image import build, choose_base, default_ca, default_tag, history
-from operator_scripts.local import LocalPod, freeze_pod, kill_pod, run
+from operator_scripts.local import LocalPod, kill_pod, run
 
 pytestmark = pytest.mark.image
 
@@ -149,12 +149,6 @@ def test_a_paused_container_fails_its_liveness_probe_and_the_pod_is_recreated(do
         values = chart_values(endpoint, prefix, max_steps, probes)
         rendered = render(values, release=release, namespace="training")
         frozen: list[str] = []
-
-        def freeze_worker_1(pods: list[LocalPod]) -> None:
-            if not frozen and min(max(snapshot_steps(pod.folder), default=0) for pod in pods) >= 20:
-                freeze_pod(pods[1])
-                frozen.append(pods[1].name)
-
         notes: list[str] = []
         outcome = run(
             rendered.objects,
@@ -162,7 +156,7 @@ def test_a_paused_container_fails_its_liveness_probe_and_the_pod_is_recreated(do
             timeout=420,
             stream=None,
             notify=notes.append,
-            on_tick=freeze_worker_1,
+            on_tick=freeze_pod_1_once_snapshotted(20, frozen),
             host_env=SECRETS,
             runtime=runtime,
         )

@@ -148,3 +148,35 @@ def test_a_config_error_found_inside_the_workers_stops_torchrun_at_once(tmp_path
         "which this run cannot change: resume with model.name='cnn', or start over in another checkpoint.uri"
     ]
     assert "restart 1" not in second.stdout and "Traceback" not in second.stderr
+
+
+ORPHANS = """
+import os, subprocess, sys, time
+import psutil
+from trainer.distributed.launch import adopt_orphans, reap_orphans
+
+adopt_orphans()
+# a child that starts a grandchild and exits at once: the grandchild is an orphan
+start = "import subprocess; print(subprocess.Popen(['sleep', '0.5']).pid)"
+middle = subprocess.Popen([sys.executable, "-c", start], stdout=subprocess.PIPE, text=True)
+orphan = int(middle.stdout.readline())
+middle.wait()
+time.sleep(0.2)
+adopted = psutil.Process(orphan).ppid() == os.getpid()
+time.sleep(0.6)  # the orphan has exited: a zombie until reaped
+zombie = psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
+reap_orphans(keep=-1)
+print(adopted, zombie, psutil.pid_exists(orphan))
+"""
+
+
+@pytest.mark.slow
+def test_ddp_launch_adopts_the_orphans_of_its_pod_and_reaps_them():
+    """A process whose parent ended (the fork server after the worker that started it, a
+    writer of a killed worker) is re-parented to ddp-launch, not the host's init, so the
+    pod stays one tree, and its exit status is collected: no zombie is left."""
+    completed = subprocess.run(
+        [sys.executable, "-c", ORPHANS], env=process_env(), capture_output=True, text=True, timeout=60
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.split() == ["True", "True", "False"]

@@ -12,11 +12,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import HELPERS, REPO, free_port, process_env, snapshot_steps
+from conftest import HELPERS, REPO, free_port, freeze_pod_1_once_snapshotted, process_env
 
 from operator_scripts.chart import merge_values, render
 from operator_scripts.kubelet_probe import ContainerProber, ProbeSpec
-from operator_scripts.local import freeze_pod, run
+from operator_scripts.local import run
 from trainer.config import WatchdogConfig
 from trainer.distributed.heartbeat import Heartbeat
 from trainer.distributed.liveness import serve_health
@@ -114,13 +114,7 @@ def test_a_frozen_pod_fails_its_liveness_probe_and_is_recreated_and_the_job_resu
     )
     rendered = render(values, release="ddp-run", namespace="training")
     host_env = process_env({"PYTHONPATH": os.pathsep.join([str(REPO), str(HELPERS)])})
-    frozen: dict[str, float] = {}
-
-    def freeze_worker_1_after_step_20(pods):
-        if not frozen and min(max(snapshot_steps(pod.folder), default=0) for pod in pods) >= 20:
-            freeze_pod(pods[1])
-            frozen["at"] = time.monotonic()
-
+    frozen: list[str] = []
     notes: list[str] = []
     outcome = run(
         rendered.objects,
@@ -128,12 +122,12 @@ def test_a_frozen_pod_fails_its_liveness_probe_and_is_recreated_and_the_job_resu
         timeout=240,
         stream=None,
         notify=notes.append,
-        on_tick=freeze_worker_1_after_step_20,
+        on_tick=freeze_pod_1_once_snapshotted(20, frozen),
         host_env=host_env,
     )
     logs = {name: path.read_text() for name, path in outcome.logs.items()}
     assert outcome.status == "Succeeded", (notes, {k: v[-2000:] for k, v in logs.items()})
-    assert frozen and (outcome.recreations, outcome.restarts) == (1, 0)
+    assert frozen == ["ddp-run-ddp-trainer-worker-1"] and (outcome.recreations, outcome.restarts) == (1, 0)
     (killed,) = [note for note in notes if "liveness probes failed" in note]
     assert killed.startswith("pod ddp-run-ddp-trainer-worker-1: 3 liveness probes failed in a row")
     resumed = re.findall(

@@ -21,7 +21,8 @@ from trainer.distributed.launch import signal_tree
 @pytest.mark.slow
 def test_seeded_fault_trials_lose_at_most_the_snapshot_interval_and_end_bit_identical():
     """`benchmarks.fault_trials` (2 of its 10 trials): SIGKILL a random rank at a
-    random step under `torchrun --max-restarts=1`, resume from the newest snapshot."""
+    random step under `torchrun --max-restarts=1`, once the agent's fork server listens;
+    the restart starts warm and resumes from the newest snapshot."""
     completed = subprocess.run(
         [sys.executable, "-m", "benchmarks.fault_trials", "--trials", "2", "--seed", "7"],
         cwd=REPO,
@@ -32,7 +33,8 @@ def test_seeded_fault_trials_lose_at_most_the_snapshot_interval_and_end_bit_iden
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr[-3000:]
     trial = (
-        r"SIGKILL rank \d after step (\d+) -> resumed from step (\d+) \(snapshot on [^)]+\), "
+        r"SIGKILL rank \d after step (\d+), its restart warm -> "
+        r"resumed from step (\d+) \(snapshot on [^)]+\), "
         r"(-?\d+) lost as seen, (\d+) as the trainer counts; training again after [\d.]+s; "
         r"final state bit-identical"
     )

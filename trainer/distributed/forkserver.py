@@ -69,6 +69,12 @@ def socket_path(env: dict[str, str] | os._Environ = os.environ, agent_pid: int |
     return Path(tempfile.gettempdir()) / f"ddp-forkserver-{os.getuid()}" / f"{agent}-{run}.sock"
 
 
+def listening(agent_pid: int) -> bool:
+    """Whether a server of the torchrun agent `agent_pid` listens (for any run id)."""
+    folder = socket_path({}, agent_pid).parent
+    return folder.is_dir() and any(folder.glob(f"{agent_pid}-*.sock"))
+
+
 def wanted(env: dict[str, str] | os._Environ = os.environ) -> bool:
     """Whether this worker's restarts can use a server: under torchrun, restarts allowed."""
     restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "0")
@@ -223,6 +229,8 @@ def lower_session_priority(niceness: int) -> None:
     by session (autogroup: tasks of the root cgroup only, kernel/sched/autogroup.c
     `task_wants_autogroup`), and then ranks nice values within a group only (sched(7),
     "The autogroup feature"). A child that starts a session of its own leaves the group."""
+    if os.getsid(0) != os.getpid():
+        return  # the group is the caller's session too: not this process's to lower
     with contextlib.suppress(OSError):
         AUTOGROUP.write_text(str(niceness))
 
