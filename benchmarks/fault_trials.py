@@ -113,14 +113,6 @@ class Trial:
         return f"trial {index}: {fault} -> {resumed}; {timing}final state {verdict}{alarms}"
 
 
-def command(uri: str, every: int, snapshots: Path, restarts: int, epochs: int) -> list[str]:
-    overrides = OVERRIDES.format(every=every, snapshots=snapshots, epochs=epochs) + f",checkpoint.uri={uri}"
-    return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        f"--max-restarts={restarts}", "-m", "trainer", "--config", "digits", "--set", overrides,
-    ]  # fmt: skip
-
-
 def environment(fork_server: bool = True) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", **RDZV_ENV, SWITCH_ENV: "1" if fork_server else "0"}
 
@@ -203,7 +195,13 @@ class Plan:
     fork_server: bool
 
     def command(self, uri: Path, snapshots: Path, restarts: int) -> list[str]:
-        return command(str(uri), self.every, snapshots, restarts, self.epochs)
+        """The digits job under `torchrun --max-restarts=RESTARTS`, checkpoints in `uri`."""
+        overrides = OVERRIDES.format(every=self.every, snapshots=snapshots, epochs=self.epochs)
+        return [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            f"--max-restarts={restarts}", "-m", "trainer", "--config", "digits",
+            "--set", f"{overrides},checkpoint.uri={uri}",
+        ]  # fmt: skip
 
 
 def process_trial(

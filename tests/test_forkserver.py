@@ -15,9 +15,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
 from conftest import free_port, json_records, load_checkpoint, process_env, run_torchrun, torchrun_command
 
+from benchmarks.fault_trials import same_state
 from trainer.distributed.forkserver import listening, socket_path
 from trainer.distributed.launch import signal_tree
 
@@ -45,15 +45,6 @@ def servers(agent_pid: int) -> list[psutil.Process]:
 
 def forked_workers(agent_pid: int) -> list[psutil.Process]:
     return [child for server in servers(agent_pid) for child in server.children()]
-
-
-def same_state(a: dict, b: dict) -> bool:
-    tensors = lambda state: [  # noqa: E731
-        *state["model"].values(),
-        *(value for slot in state["optimizer"]["state"].values() for value in slot.values()),
-    ]
-    same = all(torch.equal(x, y) for x, y in zip(tensors(a), tensors(b), strict=True))
-    return same and a["progress"] == b["progress"]
 
 
 def gone_within(agent_pid: int, seconds: float) -> bool:
@@ -152,20 +143,28 @@ def worker_env(**extra: str) -> dict[str, str]:
     })  # fmt: skip
 
 
-@pytest.fixture
-def own_server(workdir: Path):
-    """A fork server whose agent is this test process, as torchrun's would be; listening."""
+def start_listening_server(agent_pid: int) -> tuple[subprocess.Popen, Path]:
+    """A fork server for the agent `agent_pid`, in a session of its own as a worker starts
+    it, and its socket's path, once it listens."""
     env = worker_env()
-    path = socket_path(env, os.getpid())
+    path = socket_path(env, agent_pid)
     path.parent.mkdir(mode=0o700, exist_ok=True)
+    path.with_suffix(".lock").touch()  # as the worker that started it left it
     server = subprocess.Popen(
-        [sys.executable, "-u", "-m", "trainer.distributed.forkserver", str(path), str(os.getpid())],
+        [sys.executable, "-u", "-m", "trainer.distributed.forkserver", str(path), str(agent_pid)],
         env=env, start_new_session=True,
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while not path.exists():
         assert server.poll() is None and time.monotonic() < deadline, "the server did not come up"
         time.sleep(0.1)
+    return server, path
+
+
+@pytest.fixture
+def own_server(workdir: Path):
+    """A fork server whose agent is this test process, as torchrun's would be; listening."""
+    server, _ = start_listening_server(os.getpid())
     yield psutil.Process(server.pid)
     server.terminate()
     server.wait(timeout=10)
@@ -239,19 +238,7 @@ def test_the_server_ends_with_its_agent_and_leaves_nothing_behind(workdir):
     """Started for an agent that then ends (here a `sleep`), while it is still importing or
     after: it exits within a poll and removes its socket and lock."""
     agent = subprocess.Popen(["sleep", "600"])
-    env = worker_env()
-    path = socket_path(env, agent.pid)
-    path.parent.mkdir(mode=0o700, exist_ok=True)
-    path.with_suffix(".lock").touch()
-    server = subprocess.Popen(
-        [sys.executable, "-u", "-m", "trainer.distributed.forkserver", str(path), str(agent.pid)],
-        env=env,
-        start_new_session=True,  # as a worker starts it
-    )
-    deadline = time.monotonic() + 120
-    while not path.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert path.exists(), "the server did not come up"
+    server, path = start_listening_server(agent.pid)
     agent.kill()
     agent.wait()
     assert server.wait(timeout=5) == 0

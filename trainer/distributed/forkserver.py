@@ -21,8 +21,8 @@ exits as the child did (the same code, or killed by the same signal). A client t
 No worker waits for the server: one that finds none (the first round, a server still
 importing) starts cold, and the first of those starts the server. The server forks only
 while it has no thread but its main one and no CUDA context, and only for a worker whose
-environment agrees with its own in what is read at import time (`IMPORT_TIME_ENV`). It ends when its agent
-does. `TRAINER_FORK_SERVER=0` turns it off; it is off where torchrun restarts nothing
+environment agrees with its own in what is read at import time (`IMPORT_TIME_ENV`). It ends
+when its agent does. `TRAINER_FORK_SERVER=0` turns it off; it is off where torchrun restarts nothing
 (`--max-restarts=0`) and outside torchrun.
 
 This module imports no torch where it runs as the client: only the server preloads it.
@@ -170,6 +170,7 @@ def _reply(replies) -> dict:
 
 
 def _alive(pid: int) -> bool:
+    """psutil.pid_exists, without psutil's 60 ms import on the client's path."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -237,10 +238,10 @@ def lower_session_priority(niceness: int) -> None:
 
 def preload(agent_pid: int) -> bool:
     """Import `PRELOAD` in a thread of the lowest CPU priority (Linux's nice is per thread),
-        so that the imports take only idle cycles while the first round trains, and the main
-        thread, whose priority the children inherit, keeps its own; the server's session is
-    lowered as a whole (the children leave it). False if the agent ended
-        meanwhile (a short run): then there is nothing to serve."""
+    so that the imports take only idle cycles while the first round trains, and the main
+    thread, whose priority the children inherit, keeps its own; the server's session is
+    lowered as a whole (the children leave it). False if the agent ended meanwhile (a short
+    run): then there is nothing to serve."""
 
     def imports() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IMPORT_NICENESS)
@@ -259,46 +260,53 @@ def preload(agent_pid: int) -> bool:
 
 def serve(path: Path, agent_pid: int) -> Order | None:
     """Preload, listen, and fork a child per client until the agent is gone. Returns in a
-    child only, with its order; in the server, None at the end."""
-    if not preload(agent_pid):
-        with contextlib.suppress(FileNotFoundError):
-            path.with_suffix(".lock").unlink()
-        return None
+    child only, with its order; in the server, None at the end, its socket and lock gone."""
     server_pid = os.getpid()
+    try:
+        if not preload(agent_pid):
+            return None
+        with _listen(path) as listener:
+            return _serve(listener, agent_pid)
+    finally:
+        if os.getpid() == server_pid:
+            for stale in (path, path.with_suffix(".new"), path.with_suffix(".lock")):
+                with contextlib.suppress(FileNotFoundError):
+                    stale.unlink()
+
+
+def _listen(path: Path) -> socket.socket:
+    """A socket listening at `path`, put there only once it listens: clients connect to a
+    listening socket or to none."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     staged = path.with_suffix(".new")
     with contextlib.suppress(FileNotFoundError):
         staged.unlink()
     listener.bind(str(staged))
     listener.listen(16)
-    os.replace(staged, path)  # clients connect to a listening socket or to none
+    os.replace(staged, path)
+    return listener
+
+
+def _serve(listener: socket.socket, agent_pid: int) -> Order | None:
     children: dict[int, socket.socket] = {}
     ended, woken = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # a child's end wakes the loop
     signal.set_wakeup_fd(woken)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    try:
-        while _alive(agent_pid):
-            readable, _, _ = select.select([listener, ended], [], [], POLL_S)
-            if listener in readable:
-                order = _accept(listener, children)
-                if order is not None:
-                    listener.close()
-                    for connection in children.values():
-                        connection.close()
-                    os.close(ended)
-                    os.close(woken)
-                    return order
-            if ended in readable:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(ended, 512)
-            _reap(children)
-        return None
-    finally:
-        if os.getpid() == server_pid:
-            listener.close()
-            for stale in (path, path.with_suffix(".lock")):
-                with contextlib.suppress(FileNotFoundError):
-                    stale.unlink()
+    while _alive(agent_pid):
+        readable, _, _ = select.select([listener, ended], [], [], POLL_S)
+        if listener in readable:
+            order = _accept(listener, children)
+            if order is not None:  # in the child: nothing of the server's is its to keep
+                for connection in children.values():
+                    connection.close()
+                os.close(ended)
+                os.close(woken)
+                return order
+        if ended in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(ended, 512)
+        _reap(children)
+    return None
 
 
 def _accept(listener: socket.socket, children: dict[int, socket.socket]) -> Order | None:
