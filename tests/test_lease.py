@@ -8,6 +8,7 @@ a run whose lease was taken over stops without publishing."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -115,6 +116,22 @@ def test_a_publish_that_lost_the_lease_is_not_retried(tmp_path):
     assert len(failures) == 1 and "no longer this run's" in failures[0].error
     assert events[-1] == PublishFailed(5, 1) and slept == []
     assert store.steps() == [] and not staged.exists()
+
+
+def test_a_publish_whose_staged_files_vanished_reports_its_failed_attempts(tmp_path):
+    """A staging folder removed under a publish (a cleanup that did not wait for this
+    writer) fails each attempt as a reported event, not as a traceback of the upload thread."""
+    store = LocalStore(tmp_path / "checkpoints")
+    durable = Checkpointer(store, keep_last=3, cache=tmp_path / "cache")
+    events: list = []
+    work = SaveWork(durable, None, attempts=2, report=events.append, sleep=lambda seconds: None)
+    request = SaveRequest(step=5, epoch=0, world_size=1, snapshot=False, durable=True)
+    staged = work.stage({"model": {}}, request)
+    shutil.rmtree(staged)
+    work.publish(staged, request)
+    failures = [event for event in events if isinstance(event, AttemptFailed)]
+    assert [failure.attempt for failure in failures] == [1, 2] and events[-1] == PublishFailed(5, 2)
+    assert store.steps() == []
 
 
 def test_of_many_racing_jobs_exactly_one_takes_the_lease(tmp_path):

@@ -248,7 +248,8 @@ def test_sigkill_during_an_upload_loses_nothing_the_upload_finishes_first(s3_buc
     """Uploads are slowed on the wire; rank 0 (the uploader) is killed while step 20's
     checkpoint is on its way (snapshots off: the store is the only copy). Its writer process
     finishes the upload; torchrun restarts both workers, and the new rank 0 waits for that
-    writer before it looks, so the run resumes from step 20, not 10."""
+    writer before it takes the lease and looks, so the run resumes from step 20, not 10, and
+    the writer is neither fenced out nor robbed of its staging folder (no traceback)."""
     prefix = "killed"
     slow_uploads = lambda method, path: method == "PUT" and "/step-" in path  # noqa: E731
     with FaultProxy(s3_bucket.endpoint, every=0, matches=slow_uploads, delay_s=1.5) as proxy:
@@ -272,6 +273,7 @@ def test_sigkill_during_an_upload_loses_nothing_the_upload_finishes_first(s3_buc
     assert agent.returncode == 0, stderr[-3000:]
     resumed = f"resumed from step 20 ({s3_bucket.uri(prefix)}, steps lost unknown)"
     assert "restart 1" in stdout and resumed in stdout
+    assert "latest.json names step 10" not in stdout and "Traceback" not in stderr, stderr[-3000:]
     assert s3_bucket.latest_step(prefix) == 30
 
 

@@ -21,6 +21,7 @@ from trainer.checkpoint import Checkpointer, open_store, rng
 from trainer.checkpoint.lease import Lease, job_id
 from trainer.checkpoint.policy import NotDurable
 from trainer.checkpoint.writer import spawn_writer
+from trainer.checkpoint.writer_process import writer_lock
 from trainer.config import CheckpointConfig, Config, ConfigError, bundled_config_names, dump_yaml, load_config
 from trainer.config.argparsing import OneLineParser
 from trainer.data import DATASETS, DataSplits, build_data
@@ -196,23 +197,29 @@ def prepare(config: Config, context: DistContext, stop: StopSignal) -> Prepared:
     if not context.is_main:
         return prepared
     checkpointer.store.prepare()
+    lease = None
     if config.checkpoint.lease:
-        prepared.lease = take_lease(config, context, checkpointer, stop)
-    try:
-        checkpointer.store.clean_staging(checkpointer.cache)
-        refuse_overwrite(config, checkpointer)
-        prepared.lineage = checkpointer.lineage(fresh=not config.checkpoint.resume)
-    except BaseException:
-        if prepared.lease is not None:
-            prepared.lease.release()
-        raise
+        lease = Lease(checkpointer.store, job_id(context.run_id), context.run_id, config.checkpoint.lease_s)
+        lease.refuse_if_taken()  # another job's: refused at once, not after the wait below
+    # a killed attempt's writer may still be publishing (under the lease it was given) from
+    # its staging folders: it finishes before this attempt takes the lease and cleans up
+    with writer_lock(checkpointer.cache, config.dist.timeout_s / 2):
+        if lease is not None:
+            prepared.lease = hold_lease(lease, checkpointer, stop)
+        try:
+            checkpointer.store.clean_staging(checkpointer.cache)
+            refuse_overwrite(config, checkpointer)
+            prepared.lineage = checkpointer.lineage(fresh=not config.checkpoint.resume)
+        except BaseException:
+            if prepared.lease is not None:
+                prepared.lease.release()
+            raise
     return prepared
 
 
-def take_lease(config: Config, context: DistContext, checkpointer: Checkpointer, stop: StopSignal) -> Lease:
+def hold_lease(lease: Lease, checkpointer: Checkpointer, stop: StopSignal) -> Lease:
     """Rank 0's hold on the checkpoint location (ConfigError naming a live owner): every
     commit is fenced by it, and losing it stops the run."""
-    lease = Lease(checkpointer.store, job_id(context.run_id), context.run_id, config.checkpoint.lease_s)
     lease.acquire()
     checkpointer.fence = lease.fence
     lease.start(on_lost=lambda owner: stop.request(LEASE_LOST, owner))

@@ -110,23 +110,37 @@ class Lease:
                 if self._write(None):
                     return
                 continue
-            holder, now = _parse(current[0]), time.time()
-            if holder is not None and holder.get("job") != self.holder["job"]:
-                age = now - float(holder.get("heartbeat_at", 0))
-                stale_after = STALE_INTERVALS * float(holder.get("interval_s", self.interval_s))
-                if age <= stale_after and not self._died_here(holder):
-                    wait = f"{stale_after - age:.0f}s"
-                    raise ConfigError(
-                        "checkpoint.uri",
-                        self.store.uri,
-                        f"is in use by {describe(holder, now)}; stop that job, or wait {wait} for its "
-                        "lease to expire if it died, or use another checkpoint.uri",
-                    )
+            holder = _parse(current[0])
+            if self._refuse_live_owner(holder):
                 log.warning("took over the checkpoint lease of %s: its owner died (%s)", self.store.uri,
-                            describe(holder, now))  # fmt: skip
+                            describe(holder, time.time()))  # fmt: skip
             if self._write(current[1]):
                 return
         raise ConfigError("checkpoint.uri", self.store.uri, "its lease changed hands 5 times as it was taken")
+
+    def refuse_if_taken(self) -> None:
+        """Raise ConfigError naming the live owner if another job holds the lease now: the
+        quick refusal, before this run waits for anything (`acquire` checks again)."""
+        current = self.store.get_versioned(LEASE_FILE)
+        if current is not None:
+            self._refuse_live_owner(_parse(current[0]))
+
+    def _refuse_live_owner(self, holder: dict[str, Any] | None) -> bool:
+        """Raise ConfigError if `holder` is another job that is alive; True if it is another
+        job that died (its lease may be taken over)."""
+        if holder is None or holder.get("job") == self.holder["job"]:
+            return False
+        now = time.time()
+        age = now - float(holder.get("heartbeat_at", 0))
+        stale_after = STALE_INTERVALS * float(holder.get("interval_s", self.interval_s))
+        if age <= stale_after and not self._died_here(holder):
+            raise ConfigError(
+                "checkpoint.uri",
+                self.store.uri,
+                f"is in use by {describe(holder, now)}; stop that job, or wait {stale_after - age:.0f}s "
+                "for its lease to expire if it died, or use another checkpoint.uri",
+            )
+        return True
 
     def _died_here(self, holder: dict[str, Any]) -> bool:
         """Whether the owner ran on this host and its process is gone (a run killed on a

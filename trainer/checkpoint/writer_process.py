@@ -93,8 +93,9 @@ def serve(inbox: BinaryIO, outbox: BinaryIO) -> None:
 def writer_lock(cache: Path, timeout_s: float) -> Iterator[bool]:
     """This node's writer lock for a checkpoint location (in its node-local cache folder):
     a writer holds it until its last snapshot and upload are done, and a (re)starting run
-    takes it before it looks for a resume point, so that it sees what a writer of a killed
-    attempt was still finishing and never writes beside it. True once held; False if
+    takes it before it takes the lease, cleans staging and looks for a resume point, so that
+    a writer of a killed attempt finishes its publish (not fenced out, nothing removed under
+    it) and the new attempt sees it and never writes beside it. True once held; False if
     `timeout_s` ran out first (the run goes on without it)."""
     cache.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s

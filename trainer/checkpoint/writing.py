@@ -123,12 +123,14 @@ class SaveWork:
         started = time.perf_counter()
         try:
             for attempt in range(1, self.attempts + 1):
-                spare = self.durable.adopt(request.step, staged) if attempt < self.attempts else staged
+                spare: Path | None = None
                 try:
+                    spare = self.durable.adopt(request.step, staged) if attempt < self.attempts else staged
                     saved = self.durable.commit(request.step, spare, started)
                 except Exception as error:  # any failure of this attempt; the run goes on
                     self.report(AttemptFailed(request.step, attempt, self.attempts, str(error)))
-                    shutil.rmtree(spare, ignore_errors=True)
+                    if spare is not None:
+                        shutil.rmtree(spare, ignore_errors=True)
                     if isinstance(error, LeaseLost):  # no later attempt may publish either
                         self.report(PublishFailed(request.step, attempt))
                         return
