@@ -76,8 +76,28 @@ def render(
     check_trainer_config(values or {})
     chart = Chart.load(CHART_DIR)
     result = Config().install(chart, release, values or {}, namespace=namespace, dry_run="client")
-    objects = [item for item in yaml.safe_load_all(result["manifest"]) if item]
-    return RenderedChart(manifest=result["manifest"], objects=objects, notes=result.get("notes", ""))
+    manifest = pre_install_hooks(chart, values or {}, release, namespace) + result["manifest"]
+    objects = [item for item in yaml.safe_load_all(manifest) if item]
+    return RenderedChart(manifest=manifest, objects=objects, notes=result.get("notes", ""))
+
+
+def pre_install_hooks(chart: Any, values: dict[str, Any], release: str, namespace: str) -> str:
+    """The chart's pre-install hooks (a TrainJob's runtime), as `helm template` prints them
+    and in the order Helm creates them: before the release's manifest, which leaves hooks
+    out. What applies the objects in order (`ddp-ops submit`, k8s/) then meets them first."""
+    from helm_python import Config
+
+    documents = []
+    rendered = Config().render(chart, values, name=release, namespace=namespace, is_install=True)
+    for path, text in sorted(rendered.items()):
+        if not path.endswith(".yaml"):  # NOTES.txt
+            continue
+        for document in re.split(r"^---\s*$", text, flags=re.MULTILINE):
+            item = yaml.safe_load(document)
+            hook = ((item or {}).get("metadata", {}).get("annotations") or {}).get("helm.sh/hook", "")
+            if "pre-install" in hook.split(","):
+                documents.append(f"---\n# Source: {path}\n{document.strip()}\n")
+    return "".join(documents)
 
 
 # ----- plain manifests in k8s/ and the chart's parameters table ----------------------------
@@ -90,26 +110,72 @@ README = CHART_DIR / "README.md"
 VALUES_FILE, SCHEMA_FILE = CHART_DIR / "values.yaml", CHART_DIR / "values.schema.json"
 NUMERIC = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 TABLE_BEGIN, TABLE_END = "<!-- parameters:begin -->", "<!-- parameters:end -->"
+GENERATED_HEADER = "# Generated from the chart by `python -m operator_scripts.chart write`; do not edit.\n"
 
 
 def k8s_base_files() -> dict[Path, str]:
     """The chart rendered with k8s/reference-values.yaml, one file per template, plus the
     kustomization that lists them."""
     rendered = render(merge_values(files=[K8S_REFERENCE]), release=K8S_RELEASE, namespace=K8S_NAMESPACE)
-    header = "# Generated from the chart by `python -m operator_scripts.chart write`; do not edit.\n"
     files: dict[Path, str] = {}
     for document in rendered.manifest.split("\n---\n"):
         source = re.search(r"^# Source: [^/]+/templates/(\S+)\.yaml$", document, re.MULTILINE)
         if source:
             body = re.sub(r"^---\n|^# Source: .*\n", "", document.strip() + "\n", flags=re.MULTILINE)
-            files[K8S_BASE / f"{source[1]}.yaml"] = header + body
+            files[K8S_BASE / f"{source[1]}.yaml"] = GENERATED_HEADER + body
     names = sorted(path.name for path in files)
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": names,
     }
-    files[K8S_BASE / "kustomization.yaml"] = header + yaml.safe_dump(kustomization, sort_keys=False)
+    files[K8S_BASE / "kustomization.yaml"] = GENERATED_HEADER + yaml.safe_dump(kustomization, sort_keys=False)
+    return files
+
+
+K8S_TRAINJOB = ROOT / "k8s" / "overlays" / "trainjob"
+TRAINJOB_KUSTOMIZATION = """\
+# The reference job as a Kubeflow Trainer v2 TrainJob (what `--set jobKind=TrainJob` renders),
+# for kubectl users: kubectl apply -k k8s/overlays/trainjob
+# In order (fifo): Trainer's webhook refuses a TrainJob whose runtime does not exist yet.
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+sortOptions:
+  order: fifo
+resources:
+  - ../../base
+  - trainingruntime.yaml
+  - trainjob.yaml
+patches:
+  - target:
+      group: kubeflow.org
+      version: v1
+      kind: PyTorchJob
+      name: {name}
+    patch: |-
+      $patch: delete
+      apiVersion: kubeflow.org/v1
+      kind: PyTorchJob
+      metadata:
+        name: {name}
+"""
+
+
+def k8s_trainjob_files() -> dict[Path, str]:
+    """k8s/overlays/trainjob: the base with its PyTorchJob swapped for the TrainJob and its
+    runtime, rendered from the same reference values."""
+    values = deep_merge(merge_values(files=[K8S_REFERENCE]), {"jobKind": "TrainJob"})
+    rendered = render(values, release=K8S_RELEASE, namespace=K8S_NAMESPACE)
+    files = {}
+    for document in rendered.manifest.split("\n---\n"):
+        source = re.search(
+            r"^# Source: [^/]+/templates/(trainjob|trainingruntime)\.yaml$", document, re.MULTILINE
+        )
+        if source:
+            body = re.sub(r"^---\n|^# Source: .*\n", "", document.strip() + "\n", flags=re.MULTILINE)
+            files[K8S_TRAINJOB / f"{source[1]}.yaml"] = GENERATED_HEADER + body
+    name = rendered.one("TrainJob")["metadata"]["name"]
+    files[K8S_TRAINJOB / "kustomization.yaml"] = GENERATED_HEADER + TRAINJOB_KUSTOMIZATION.format(name=name)
     return files
 
 
@@ -199,10 +265,10 @@ def docs_files() -> dict[Path, str]:
 def main(argv: list[str] | None = None) -> int:
     return generated.main(
         argv,
-        lambda: {**k8s_base_files(), **docs_files(), **schema_files()},
+        lambda: {**k8s_base_files(), **k8s_trainjob_files(), **docs_files(), **schema_files()},
         module="operator_scripts.chart",
-        description="Regenerate or check k8s/base, the chart's parameters table and its trainer schema.",
-        owned=lambda: sorted(K8S_BASE.glob("*.yaml")),
+        description="Regenerate or check k8s/, the chart parameters table and its trainer schema.",
+        owned=lambda: sorted([*K8S_BASE.glob("*.yaml"), *K8S_TRAINJOB.glob("*.yaml")]),
     )
 
 

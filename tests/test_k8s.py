@@ -11,14 +11,15 @@ import pytest
 import yaml
 from conftest import REPO
 from k8s_rules import pytorchjob_schema, webhook_problems
+from trainer_v2_rules import crd_schema, trainjob_problems
 
-from operator_scripts.chart import docs_files, k8s_base_files, schema_files
+from operator_scripts.chart import docs_files, k8s_base_files, k8s_trainjob_files, schema_files
 
 K8S_VERSION = "1.30.0"
 
 
 def test_k8s_base_and_chart_readme_match_the_chart():
-    for path, text in {**k8s_base_files(), **docs_files(), **schema_files()}.items():
+    for path, text in {**k8s_base_files(), **k8s_trainjob_files(), **docs_files(), **schema_files()}.items():
         assert path.is_file() and path.read_text() == text, (
             f"{path.relative_to(REPO)} is stale: python -m operator_scripts.chart write"
         )
@@ -43,6 +44,29 @@ def test_kustomize_builds_valid_objects(target):
     for item in objects:
         if item["apiVersion"] == "v1":
             kubernetes_validate.validate(item, K8S_VERSION, strict=True)
+
+
+def test_the_trainjob_overlay_builds_the_runtime_before_the_trainjob_and_no_pytorchjob():
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(REPO / "k8s" / "overlays" / "trainjob")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    objects = [item for item in yaml.safe_load_all(built) if item]
+    kinds = [item["kind"] for item in objects]
+    assert "PyTorchJob" not in kinds and kinds.index("TrainingRuntime") < kinds.index("TrainJob")
+    (job,) = [item for item in objects if item["kind"] == "TrainJob"]
+    runtimes = [item for item in objects if item["kind"] == "TrainingRuntime"]
+    assert trainjob_problems(job, runtimes, kinds) == []
+    jsonschema.validate(job, crd_schema("TrainJob"))
+    jsonschema.validate(runtimes[0], crd_schema("TrainingRuntime"))
+    assert {item["kind"] for item in objects} - {"TrainJob", "TrainingRuntime"} == {
+        "ConfigMap",
+        "ServiceAccount",
+        "PodMonitor",
+        "PrometheusRule",
+    }
 
 
 def test_prerequisite_manifests_are_valid_and_hold_no_real_keys():

@@ -151,3 +151,39 @@ training state when snapshots are on. */}}
   value: {{ $value | quote }}
 {{- end }}
 {{- end -}}
+
+{{/*
+What a TrainJob cannot take, refused in one line each (Trainer v2.3.0 and JobSet v0.12.0;
+docs/facts.md): names too long for JobSet's pod names, elastic bounds, a JobSet TTL, pod
+policies and gang settings v2 has no field for, torchrun's reserved PET_* names.
+*/}}
+{{- define "ddp.trainJobChecks" -}}
+{{- $t := include "ddp.topology" . | fromJson -}}
+{{- $name := include "ddp.fullname" . -}}
+{{- /* jobset pkg/webhooks/jobset_webhook.go:243-255: "<name>-node-0-<last index>-abcde" is a DNS-1035 label */ -}}
+{{- $longest := printf "%s-node-0-%d-abcde" $name (sub (int $t.nodes) 1) -}}
+{{- if gt (len $longest) 63 -}}
+{{- fail (printf "TrainJob name %q (%d characters): JobSet's pod names (%s) would pass 63 characters; choose a release name or fullnameOverride of at most %d characters" $name (len $name) $longest (sub (len $name) (sub (len $longest) 63))) -}}
+{{- end -}}
+{{- $bounds := include "ddp.elasticBounds" . | fromJson -}}
+{{- if or (ne (int $bounds.min) (int $t.nodes)) (ne (int $bounds.max) (int $t.nodes)) -}}
+{{- fail (printf "elastic.minNodes=%d, elastic.maxNodes=%d: a TrainJob trains on a fixed %d pods (Trainer v2 has no elastic API, kubeflow/trainer#2903); leave both 0, or use jobKind=PyTorchJob" (int .Values.elastic.minNodes) (int .Values.elastic.maxNodes) (int $t.nodes)) -}}
+{{- end -}}
+{{- if not (kindIs "invalid" .Values.runPolicy.ttlSecondsAfterFinished) -}}
+{{- fail "runPolicy.ttlSecondsAfterFinished: not for a TrainJob: Trainer v2.3.0 re-creates a failed JobSet that its TTL removed, without bound (kubeflow/trainer#3779); leave it null" -}}
+{{- end -}}
+{{- if ne .Values.runPolicy.cleanPodPolicy "Running" -}}
+{{- fail (printf "runPolicy.cleanPodPolicy=%s: a TrainJob has no such policy: JobSet deletes the pods still running when the job ends and keeps finished ones (as Running does); leave it Running" .Values.runPolicy.cleanPodPolicy) -}}
+{{- end -}}
+{{- if eq .Values.restartPolicy "Always" -}}
+{{- fail "restartPolicy=Always: a TrainJob's pods belong to a Job, which takes ExitCode (Never with a podFailurePolicy), OnFailure or Never" -}}
+{{- end -}}
+{{- if or .Values.gang.queue .Values.gang.priorityClass -}}
+{{- fail "gang.queue, gang.priorityClass: a TrainJob's gang (podGroupPolicy.coscheduling) has neither; queue through kueue.queueName and set priorityClassName instead" -}}
+{{- end -}}
+{{- range .Values.trainer.extraEnv -}}
+{{- if has .name (list "PET_NNODES" "PET_NPROC_PER_NODE" "PET_NODE_RANK" "PET_MASTER_ADDR" "PET_MASTER_PORT") -}}
+{{- fail (printf "trainer.extraEnv %s: Trainer v2 sets it (pkg/constants/constants.go:191-203, refused by its webhook); remove it" .name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

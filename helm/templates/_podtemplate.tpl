@@ -1,7 +1,9 @@
-{{/* The pod template shared by Master and Worker replicas. */}}
+{{/* The pod template shared by a PyTorchJob's Master and Worker replicas and by the
+TrainingRuntime's `node` job: one trainer container, named as each operator requires. */}}
 {{- define "ddp.podTemplate" -}}
 {{- $t := include "ddp.topology" . | fromJson -}}
 {{- $s3 := .Values.checkpoints.s3 -}}
+{{- $trainJob := eq .Values.jobKind "TrainJob" -}}
 metadata:
   labels:
     {{- include "ddp.selectorLabels" . | nindent 4 }}
@@ -15,6 +17,10 @@ spec:
   serviceAccountName: {{ include "ddp.serviceAccountName" . }}
   automountServiceAccountToken: {{ .Values.serviceAccount.automountToken }}
   terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}
+  {{- if $trainJob }}
+  # ExitCode's meaning comes from the Job's podFailurePolicy, which needs Never
+  restartPolicy: {{ ternary "OnFailure" "Never" (eq .Values.restartPolicy "OnFailure") }}
+  {{- end }}
   securityContext:
     {{- toYaml .Values.podSecurityContext | nindent 4 }}
   {{- with .Values.priorityClassName }}
@@ -37,7 +43,9 @@ spec:
     {{- toYaml . | nindent 4 }}
   {{- end }}
   containers:
-    - name: pytorch
+    {{- /* each operator's name: v1 finds `pytorch` (its DefaultContainerName), Trainer v2
+    injects PET_* into `node` (pkg/constants/constants.go:69) */}}
+    - name: {{ ternary "node" "pytorch" $trainJob }}
       image: "{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}"
       imagePullPolicy: {{ .Values.image.pullPolicy }}
       # exec form: SIGTERM reaches ddp-launch, which forwards it to torchrun and the workers;
@@ -53,6 +61,9 @@ spec:
         - {{ .Values.liveness.port | quote }}
         {{- end }}
         - "--"
+        {{- if and $trainJob (eq .Values.mode "elastic") }}
+        {{- include "ddp.trainJobRendezvousArgs" . | nindent 8 }}
+        {{- end }}
         - "-m"
         - "trainer"
         - "--config"
@@ -61,9 +72,11 @@ spec:
         - {{ . | quote }}
         {{- end }}
       ports:
+        {{- if not $trainJob }}
         - name: pytorchjob-port
           containerPort: {{ .Values.port }}
           protocol: TCP
+        {{- end }}
         {{- if .Values.metrics.port }}
         - name: metrics
           containerPort: {{ .Values.metrics.port }}
@@ -138,16 +151,10 @@ spec:
         {{- with .Values.trainer.extraEnv }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
+      {{- if not $trainJob }}
       resources:
-        {{- $resources := deepCopy .Values.resources }}
-        {{- if gt (int $t.gpusPerPod) 0 }}
-        {{- $limits := merge (dict "nvidia.com/gpu" (toString $t.gpusPerPod)) (default dict $resources.limits) }}
-        {{- if .Values.nccl.rdma.enabled }}
-        {{- $_ := set $limits .Values.nccl.rdma.resourceName (toString .Values.nccl.rdma.count) }}
-        {{- end }}
-        {{- $_ := set $resources "limits" $limits }}
-        {{- end }}
-        {{- toYaml $resources | nindent 8 }}
+        {{- include "ddp.resources" . | nindent 8 }}
+      {{- end }}
       securityContext:
         {{- toYaml .Values.securityContext | nindent 8 }}
       volumeMounts:
@@ -182,4 +189,36 @@ spec:
       emptyDir: {}
       {{- end }}
     {{- end }}
+{{- end -}}
+
+{{/* The trainer container's requests and limits, GPUs (and RDMA devices) from `gpus`: a
+PyTorchJob's container resources, a TrainJob's trainer.resourcesPerNode. */}}
+{{- define "ddp.resources" -}}
+{{- $t := include "ddp.topology" . | fromJson -}}
+{{- $resources := deepCopy .Values.resources }}
+{{- if gt (int $t.gpusPerPod) 0 }}
+{{- $limits := merge (dict "nvidia.com/gpu" (toString $t.gpusPerPod)) (default dict $resources.limits) }}
+{{- if .Values.nccl.rdma.enabled }}
+{{- $_ := set $limits .Values.nccl.rdma.resourceName (toString .Values.nccl.rdma.count) }}
+{{- end }}
+{{- $_ := set $resources "limits" $limits }}
+{{- end }}
+{{- toYaml $resources }}
+{{- end -}}
+
+{{/* torchrun's c10d rendezvous under a TrainJob, at the address Trainer v2 gives node 0
+(PET_MASTER_ADDR:PET_MASTER_PORT, pkg/runtime/framework/plugins/torch/torch.go:158-165),
+for a fixed node count (PET_NNODES): v2 injects only a static rendezvous, which cannot
+restart one node's workers (docs/facts.md). Kubernetes expands $(VAR) in args from the
+container's environment. */}}
+{{- define "ddp.trainJobRendezvousArgs" -}}
+- "--rdzv-backend=c10d"
+- "--rdzv-endpoint=$(PET_MASTER_ADDR):$(PET_MASTER_PORT)"
+- {{ printf "--rdzv-id=%s" (printf "%s-%s" .Release.Namespace (include "ddp.fullname" .) | trunc 63) | quote }}
+- {{ printf "--max-restarts=%d" (int .Values.elastic.maxRestarts) | quote }}
+{{- $conf := list }}
+{{- range $key, $value := merge (dict) .Values.elastic.rdzvConf (dict "join_timeout" .Values.launcher.rendezvousWaitSeconds) }}
+{{- $conf = append $conf (printf "%s=%v" $key $value) }}
+{{- end }}
+- {{ printf "--rdzv-conf=%s" (join "," $conf) | quote }}
 {{- end -}}
