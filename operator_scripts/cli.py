@@ -142,7 +142,7 @@ def _local(args: argparse.Namespace) -> int:
         return 2
     print(f"pod logs under {workdir}", file=sys.stderr)
     print(outcome.summary(), flush=True)
-    return 0 if outcome.status == "Succeeded" else 1
+    return 0 if outcome.status in ("Succeeded", "Complete") else 1
 
 
 def _local_in_docker(rendered, workdir: Path, subnet: str, options: dict):
@@ -152,7 +152,9 @@ def _local_in_docker(rendered, workdir: Path, subnet: str, options: dict):
     from operator_scripts.local import run
     from operator_scripts.local_pods import LocalError
 
-    job = rendered.one("PyTorchJob")["metadata"]["name"]
+    (job,) = [
+        item["metadata"]["name"] for item in rendered.objects if item["kind"] in ("PyTorchJob", "TrainJob")
+    ]
     try:
         with engine() as docker, DockerRuntime(docker, job, subnet) as runtime:
             print(f"pods on {subnet}; this machine is {runtime.gateway} there", file=sys.stderr)
@@ -198,9 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(format_status(Cluster().status(args.job, args.namespace)))
         elif args.command == "logs":
             cluster = Cluster()
-            pod = cluster.rank0_pod(args.job, args.namespace)
+            pod, container = cluster.rank0_pod(args.job, args.namespace)
             print(f"# rank 0: pod {pod}", file=sys.stderr)
-            for line in cluster.log(pod, args.namespace, follow=args.follow):
+            for line in cluster.log(pod, args.namespace, follow=args.follow, container=container):
                 print(line, flush=True)
         elif args.command == "delete":
             print("\n".join(Cluster().uninstall(args.release, args.namespace)))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -14,16 +15,25 @@ from pathlib import Path
 from typing import Any
 
 from operator_scripts.operator_env import LABEL, rank0_selector
+from operator_scripts.trainjob_env import INDEX_LABEL, JOBSET_LABEL, NODE
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
-# every kind the chart renders: (apiVersion, kind) -> the API's plural
+TRAINER_API, JOBSET_API = "trainer.kubeflow.org/v1alpha1", "jobset.x-k8s.io/v1alpha2"
+# every kind the chart renders: (apiVersion, kind) -> the API's plural, in the order a
+# release's objects are deleted (a TrainJob before the runtime it names)
 KINDS = {
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("v1", "ConfigMap"): "configmaps",
     ("kubeflow.org/v1", "PyTorchJob"): "pytorchjobs",
+    (TRAINER_API, "TrainJob"): "trainjobs",
+    (TRAINER_API, "TrainingRuntime"): "trainingruntimes",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrules",
 }
+# Trainer's webhook reads runtimes through its controller's cache, which a runtime created a
+# moment before may not have reached (docs/facts.md): such a refusal is retried this long
+RUNTIME_CACHE_WAIT_S = 10.0
+RUNTIME_NOT_YET = "must be created before the TrainJob is created"
 RELEASE_LABEL = "app.kubernetes.io/instance"  # on every object the chart renders (ddp.labels)
 FIELD_MANAGER = "ddp-ops"
 BANNER = "rank 0 on host"
@@ -54,6 +64,20 @@ class JobStatus:
     restarts: int
     age_seconds: float | None
     rank0_pod: str | None
+    kind: str = "PyTorchJob"
+    jobset_restarts: int = 0
+
+
+def _age(item: dict[str, Any], now: datetime | None) -> float | None:
+    created = item["metadata"].get("creationTimestamp")
+    now = now or datetime.now(timezone.utc)
+    return (now - datetime.fromisoformat(created.replace("Z", "+00:00"))).total_seconds() if created else None
+
+
+def _container_restarts(pods: list[dict[str, Any]]) -> int:
+    return sum(
+        cs.get("restartCount", 0) for pod in pods for cs in pod.get("status", {}).get("containerStatuses", [])
+    )
 
 
 def summarize(job: dict[str, Any], pods: list[dict[str, Any]], now: datetime | None = None) -> JobStatus:
@@ -63,12 +87,8 @@ def summarize(job: dict[str, Any], pods: list[dict[str, Any]], now: datetime | N
     conditions = status.get("conditions", [])
     true = [c for c in conditions if c.get("status") == "True"]
     state = true[-1]["type"] if true else "Pending"
-    created = job["metadata"].get("creationTimestamp")
-    now = now or datetime.now(timezone.utc)
-    age = (now - datetime.fromisoformat(created.replace("Z", "+00:00"))).total_seconds() if created else None
-    restarts = sum(
-        cs.get("restartCount", 0) for pod in pods for cs in pod.get("status", {}).get("containerStatuses", [])
-    )
+    age = _age(job, now)
+    restarts = _container_restarts(pods)
     rank0 = [
         p["metadata"]["name"]
         for p in pods
@@ -87,13 +107,60 @@ def summarize(job: dict[str, Any], pods: list[dict[str, Any]], now: datetime | N
     )
 
 
+def summarize_trainjob(
+    trainjob: dict[str, Any],
+    jobset: dict[str, Any] | None,
+    pods: list[dict[str, Any]],
+    now: datetime | None = None,
+) -> JobStatus:
+    """A TrainJob's state: its own condition when it has one (only Suspended, Complete and
+    Failed exist, trainjob_types.go:56-84), else Running or Pending from its pods; the
+    JobSet's conditions beside its own, the per-job counts Trainer mirrors
+    (status.jobsStatus), container restarts, the JobSet's whole restarts, and rank 0's pod
+    (completion index 0, the newest)."""
+    conditions = list(trainjob.get("status", {}).get("conditions", []))
+    true = [c["type"] for c in conditions if c.get("status") == "True"]
+    running = any(p.get("status", {}).get("phase") == "Running" for p in pods)
+    state = true[-1] if true else "Running" if running else "Pending"
+    jobset_status = (jobset or {}).get("status", {})
+    listed = [(c["type"], c.get("status", ""), c.get("reason") or c.get("message", "")) for c in conditions]
+    listed += [
+        (f"JobSet {c['type']}", c.get("status", ""), c.get("reason") or c.get("message", ""))
+        for c in jobset_status.get("conditions", [])
+    ]
+    counts = {
+        f"job {job['name']}": {
+            key: int(job.get(key) or 0) for key in ("active", "ready", "succeeded", "failed")
+        }
+        for job in trainjob.get("status", {}).get("jobsStatus", [])
+    }
+    rank0 = sorted(
+        (p for p in pods if p["metadata"].get("labels", {}).get(INDEX_LABEL) == "0"),
+        key=lambda p: p["metadata"].get("creationTimestamp", ""),
+    )
+    return JobStatus(
+        name=trainjob["metadata"]["name"],
+        state=state,
+        conditions=listed,
+        replicas=counts,
+        restarts=_container_restarts(pods),
+        age_seconds=_age(trainjob, now),
+        rank0_pod=rank0[-1]["metadata"]["name"] if rank0 else None,
+        kind="TrainJob",
+        jobset_restarts=int(jobset_status.get("restarts", 0)),
+    )
+
+
 def format_status(summary: JobStatus) -> str:
     age = (
         "unknown"
         if summary.age_seconds is None
         else f"{int(summary.age_seconds // 60)}m{int(summary.age_seconds % 60)}s"
     )
-    lines = [f"PyTorchJob {summary.name}: {summary.state} (age {age}, container restarts {summary.restarts})"]
+    restarts = f"container restarts {summary.restarts}"
+    if summary.kind == "TrainJob":
+        restarts += f", JobSet restarts {summary.jobset_restarts}"
+    lines = [f"{summary.kind} {summary.name}: {summary.state} (age {age}, {restarts})"]
     for kind, counts in summary.replicas.items():
         lines.append(f"  {kind}: " + ", ".join(f"{key} {value}" for key, value in sorted(counts.items())))
     for kind, flag, why in summary.conditions:
@@ -135,14 +202,7 @@ class Cluster:
             return action()
         except ApiException as error:
             if error.status == 404 and "the server could not find the requested resource" in str(error.body):
-                operator = "PyTorchJob" in what or "pytorchjobs" in what
-                hint = (
-                    "is the Kubeflow training operator v1.9.4 installed (kubectl get crd "
-                    "pytorchjobs.kubeflow.org)?"
-                    if operator
-                    else "is its CRD installed?"
-                )
-                raise MissingApiError(f"{what}: the cluster has no such API; {hint}") from None
+                raise MissingApiError(f"{what}: the cluster has no such API; {_install_hint(what)}") from None
             reason = _api_message(error)
             raise ClusterError(f"{what}: {error.status} {reason}") from None
         except HTTPError as error:
@@ -172,23 +232,45 @@ class Cluster:
 
     def apply(self, item: dict[str, Any], namespace: str) -> str:
         """Create `item` or update it to match, by server-side apply (as `kubectl apply
-        --server-side --force-conflicts`): submitting the same release twice updates it."""
+        --server-side --force-conflicts`): submitting the same release twice updates it. A
+        TrainJob refused because Trainer's cache lacks its new runtime yet is retried for
+        RUNTIME_CACHE_WAIT_S; one whose immutable fields would change is one line saying to
+        delete and submit again."""
         kind, api_version, name = item["kind"], item["apiVersion"], item["metadata"]["name"]
         what = f"apply {kind} {namespace}/{name}"
         plural = KINDS.get((api_version, kind))
         if plural is None:
             raise ClusterError(f"{what}: no handler for {api_version} {kind}")
         path = f"{collection_path(api_version, plural, namespace)}/{name}"
-        _, status, _ = self._call(
-            what,
-            lambda: self._request(
+
+        def patch():
+            return self._request(
                 "PATCH",
                 path,
                 query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
                 content_type="application/apply-patch+yaml",
                 body=item,
-            ),
-        )
+            )
+
+        deadline = time.monotonic() + RUNTIME_CACHE_WAIT_S
+        while True:
+            try:
+                _, status, _ = self._call(what, patch)
+                break
+            except MissingApiError:
+                raise
+            except ClusterError as error:
+                if kind == "TrainJob" and RUNTIME_NOT_YET in str(error) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    continue
+                if kind == "TrainJob" and "field is immutable" in str(error):
+                    release = item["metadata"].get("labels", {}).get(RELEASE_LABEL, "RELEASE")
+                    raise ClusterError(
+                        f"{what}: TrainJob {name} exists, and its trainer, runtimeRef and initializer "
+                        f"cannot change (Trainer v2 makes them immutable): ddp-ops delete {release} -n "
+                        f"{namespace}, then submit again; it resumes from the same checkpoints"
+                    ) from None
+                raise
         return f"{kind.lower()}/{name} {'created' if status == 201 else 'configured'}"
 
     def uninstall(self, release: str, namespace: str) -> list[str]:
@@ -218,61 +300,108 @@ class Cluster:
             raise ClusterError(f"release {release} has no objects in namespace {namespace}")
         return deleted
 
-    def job(self, name: str, namespace: str) -> dict[str, Any]:
+    def _get(self, api_version: str, plural: str, name: str, namespace: str, kind: str) -> dict[str, Any]:
+        group, version = api_version.split("/")
         return self._call(
-            f"get PyTorchJob {namespace}/{name}",
-            lambda: self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name),
+            f"get {kind} {namespace}/{name}",
+            lambda: self.custom.get_namespaced_custom_object(group, version, namespace, plural, name),
         )
 
-    def pods(self, name: str, namespace: str) -> list[dict[str, Any]]:
+    def job(self, name: str, namespace: str) -> tuple[str, dict[str, Any]]:
+        """The PyTorchJob or, failing that, the TrainJob `name`, and which it is: ddp-ops's
+        commands take a job's name, whichever kind it was submitted as."""
+        try:
+            return "PyTorchJob", self._get(f"{GROUP}/{VERSION}", PLURAL, name, namespace, "PyTorchJob")
+        except ClusterError as v1_error:
+            try:
+                return "TrainJob", self._get(TRAINER_API, "trainjobs", name, namespace, "TrainJob")
+            except MissingApiError:
+                raise v1_error from None
+            except ClusterError as v2_error:
+                if isinstance(v1_error, MissingApiError):
+                    raise v2_error from None
+                raise v1_error from None
+
+    def pods(self, name: str, namespace: str, kind: str = "PyTorchJob") -> list[dict[str, Any]]:
         from kubernetes import client
 
+        selector = (
+            f"{LABEL}/job-name={name}" if kind == "PyTorchJob" else f"{JOBSET_LABEL}/jobset-name={name}"
+        )
         found = self._call(
             f"list pods of {namespace}/{name}",
-            lambda: self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL}/job-name={name}"),
+            lambda: self.core.list_namespaced_pod(namespace, label_selector=selector),
         )
         return [client.ApiClient().sanitize_for_serialization(pod) for pod in found.items]
 
     def status(self, name: str, namespace: str) -> JobStatus:
-        return summarize(self.job(name, namespace), self.pods(name, namespace))
+        kind, job = self.job(name, namespace)
+        if kind == "PyTorchJob":
+            return summarize(job, self.pods(name, namespace))
+        try:
+            jobset = self._get(JOBSET_API, "jobsets", name, namespace, "JobSet")
+        except ClusterError:  # not created yet (suspended), or JobSet's API not served
+            jobset = None
+        return summarize_trainjob(job, jobset, self.pods(name, namespace, "TrainJob"))
 
-    def log(self, pod: str, namespace: str, *, follow: bool) -> Iterator[str]:
+    def log(self, pod: str, namespace: str, *, follow: bool, container: str = "pytorch") -> Iterator[str]:
         if not follow:
             text = self._call(
                 f"log of {namespace}/{pod}",
-                lambda: self.core.read_namespaced_pod_log(pod, namespace, container="pytorch"),
+                lambda: self.core.read_namespaced_pod_log(pod, namespace, container=container),
             )
             yield from text.splitlines()
             return
         stream = self._call(
             f"log of {namespace}/{pod}",
             lambda: self.core.read_namespaced_pod_log(
-                pod, namespace, container="pytorch", follow=True, _preload_content=False
+                pod, namespace, container=container, follow=True, _preload_content=False
             ),
         )
         for line in stream:
             yield line.decode(errors="replace").rstrip("\n")
 
-    def rank0_pod(self, name: str, namespace: str) -> str:
-        """The pod whose log carries the trainer's rank-0 banner: the job-role=master pod
-        if it does, else whichever of the job's pods does (node ranks follow rendezvous
-        order, not pod names)."""
+    def rank0_pod(self, name: str, namespace: str) -> tuple[str, str]:
+        """The pod whose log carries the trainer's rank-0 banner, and its trainer container:
+        the job-role=master pod (a TrainJob's completion index 0) if it does, else whichever
+        of the job's pods does (node ranks follow rendezvous order, not pod names)."""
+        kind, _ = self.job(name, namespace)
+        container = "pytorch" if kind == "PyTorchJob" else NODE
+        selector = (
+            rank0_selector(name)
+            if kind == "PyTorchJob"
+            else f"{JOBSET_LABEL}/jobset-name={name},{INDEX_LABEL}=0"
+        )
         labelled = self._call(
             f"find rank 0 of {namespace}/{name}",
-            lambda: self.core.list_namespaced_pod(namespace, label_selector=rank0_selector(name)),
+            lambda: self.core.list_namespaced_pod(namespace, label_selector=selector),
         ).items
-        candidates = [pod.metadata.name for pod in labelled]
+        candidates = [pod.metadata.name for pod in labelled][::-1]  # a re-created pod is listed last
         candidates += [
             p["metadata"]["name"]
-            for p in self.pods(name, namespace)
+            for p in self.pods(name, namespace, kind)
             if p["metadata"]["name"] not in candidates
         ]
         if not candidates:
-            raise ClusterError(f"PyTorchJob {namespace}/{name} has no pods yet")
+            raise ClusterError(f"{kind} {namespace}/{name} has no pods yet")
         for pod in candidates:
-            if any(BANNER in line for line in self.log(pod, namespace, follow=False)):
-                return pod
-        return candidates[0]
+            if any(BANNER in line for line in self.log(pod, namespace, follow=False, container=container)):
+                return pod, container
+        return candidates[0], container
+
+
+def _install_hint(what: str) -> str:
+    """What to check when the cluster serves no API for `what`."""
+    if "PyTorchJob" in what or "pytorchjobs" in what:
+        return (
+            "is the Kubeflow training operator v1.9.4 installed (kubectl get crd pytorchjobs.kubeflow.org)?"
+        )
+    if "TrainJob" in what or "TrainingRuntime" in what or "trainjobs" in what:
+        return (
+            "is Kubeflow Trainer v2.3 installed (kubectl get crd trainjobs.trainer.kubeflow.org; "
+            "k8s/prerequisites/README.md)?"
+        )
+    return "is its CRD installed?"
 
 
 def _api_message(error: Any) -> str:

@@ -1,8 +1,9 @@
-"""Run a rendered PyTorchJob on this machine as training-operator v1.9.4 and the kubelet
-would, each pod as a process tree: the operator's defaults and injected environment, pod
-names that resolve only while their pod runs, volumes mapped to folders under the work
-folder, restarts and re-creations by the job's restartPolicy, restarts summed against
-backoffLimit, success and clean-up as the operator decides them (`operator_status`).
+"""Run a rendered job on this machine as its controllers and the kubelet would, each pod as a
+process tree: a PyTorchJob as training-operator v1.9.4 runs it, a TrainJob as Trainer v2.3.0,
+JobSet v0.12.0 and the Job controller do (`job_rules`): the injected environment, pod names
+that resolve only while their pod runs, volumes mapped to folders under the work folder,
+restarts and re-creations by the restart and failure policies, the limits they count
+against, success and clean-up as the controllers decide them.
 
 Each pod's container runs in a `PodRuntime`: by default a process tree on this machine
 (`ProcessRuntime`), or, with `--runtime docker`, a container of the pod's image with the
@@ -38,17 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from operator_scripts.job_rules import JobRules, rules_for
 from operator_scripts.kubelet_probe import ContainerProber
 from operator_scripts.local_pods import HostsTable, LocalError, LocalPod, PodRuntime, prepare
-from operator_scripts.operator_env import with_defaults
-from operator_scripts.operator_status import (
-    JobCondition,
-    after_exit,
-    counted_restarts,
-    job_condition,
-    pods_to_delete,
-    restart_delay,
-)
+from operator_scripts.operator_status import JobCondition
 from operator_scripts.process_runtime import ProcessRuntime
 from trainer.distributed.launch import container_exit_code
 
@@ -67,19 +61,27 @@ class LocalOutcome:
     logs: dict[str, Path]
     deleted: list[str]
     kept_running: list[str]
+    kind: str = "PyTorchJob"
+    jobset_restarts: int = 0  # a TrainJob's whole-job restarts
 
     def summary(self) -> str:
-        """The run's last line: `job NAME: Succeeded` or `job NAME: Failed (reason)`, then the
-        restarts counted against the limit."""
-        verdict = f"{self.status} ({self.reason})" if self.reason else self.status
+        """The run's last line: `job NAME: Succeeded` (a TrainJob: `Complete`) or `job NAME:
+        Failed (reason)`, then the restarts counted against the limit."""
+        verdict = f"{self.status} ({self.reason})" if self.reason and self.status == "Failed" else self.status
         limit = "no backoffLimit" if self.backoff_limit is None else f"backoffLimit {self.backoff_limit}"
+        if self.kind == "TrainJob":
+            return (
+                f"trainjob {self.job}: {verdict}; {self.restarts} failures counted ({limit}), "
+                f"{self.jobset_restarts} JobSet restarts"
+            )
         return f"job {self.job}: {verdict}; {self.restarts} restarts counted ({limit})"
 
 
 def _start(pod: LocalPod, hosts: HostsTable) -> None:
     pod.folder.mkdir(parents=True, exist_ok=True)
     pod.log = open(pod.log_path, "a")  # noqa: SIM115  (closed when the container ends)
-    hosts.set(pod.name, pod.address)
+    for name in (pod.name, *pod.plan.aliases):
+        hosts.set(name, pod.address)
     pod.process = pod.runtime.launch(pod, hosts, pod.log)
     pod.phase, pod.restart_at = "Running", None
     pod.prober = ContainerProber.of(pod.plan.container, pod.address)
@@ -120,8 +122,26 @@ def _follow(path: Path, sink: Callable[[str], None], stop: threading.Event) -> N
                 time.sleep(0.05)
 
 
-def _advance(pod: LocalPod, hosts: HostsTable, now: float, notify: Callable[[str], None]) -> str:
-    """One kubelet and operator pass over a pod; returns a permanent failure's reason."""
+def _recreate(pod: LocalPod, start_at: float) -> None:
+    """The pod anew, as a controller creates it: Pending until `start_at`, restartCount 0,
+    new emptyDirs."""
+    pod.recreations += 1
+    pod.phase, pod.start_at, pod.restarts, pod.restart_at = "Pending", start_at, 0, None
+    for folder in pod.empty_dirs:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        folder.chmod(0o777)
+
+
+def _advance(
+    pod: LocalPod,
+    pods: list[LocalPod],
+    rules: JobRules,
+    hosts: HostsTable,
+    now: float,
+    notify: Callable[[str], None],
+) -> str:
+    """One kubelet and controller pass over a pod; returns a job failure's reason."""
     if pod.phase == "Pending" and now >= pod.start_at:
         _start(pod, hosts)
         return ""
@@ -137,32 +157,30 @@ def _advance(pod: LocalPod, hosts: HostsTable, now: float, notify: Callable[[str
         _check_liveness(pod, now, notify)
         return ""
     code = pod.exit_code = container_exit_code(returncode)
-    hosts.set(pod.name, None)  # not Ready: its Service has no endpoint
+    for name in (pod.name, *pod.plan.aliases):  # not Ready: its Service has no endpoint
+        hosts.set(name, None)
     pod.process, pod.kill_at = None, None
     if pod.prober is not None:
         pod.prober.stop()
         pod.prober = None
     pod.log.close()
-    action = after_exit(pod.plan.restart_policy, code)
-    if action == "restart":
-        delay = restart_delay(pod.restarts + 1)
-        pod.restart_at = now + delay
-        notify(f"pod {pod.name} exited with code {code}; restart {pod.restarts + 1} in {delay:.0f}s")
-    elif action == "recreate":
-        pod.recreations += 1
-        pod.phase, pod.start_at, pod.restarts = "Pending", now, 0
-        for folder in pod.empty_dirs:  # a new pod gets new emptyDirs
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-            folder.chmod(0o777)
-        notify(f"pod {pod.name} exited with code {code} (retryable); the operator re-creates it")
-    elif action == "succeeded":
+    outcome = rules.on_exit(pod.state, code, [p.state for p in pods])
+    if outcome.message:
+        notify(outcome.message)
+    if outcome.action == "restart":
+        pod.restart_at = now + outcome.delay
+    elif outcome.action == "recreate":
+        _recreate(pod, now + outcome.delay)
+    elif outcome.action == "restart-all":
+        for other in pods:
+            if other.process is not None:
+                _stop(other)
+            _recreate(other, now)
+    elif outcome.action == "succeeded":
         pod.phase = "Succeeded"
     else:
         pod.phase = "Failed"
-        notify(f"pod {pod.name} failed with exit code {code}")
-        reason = f"pod {pod.name} exited with code {code}"
-        return reason + (", not retryable" if pod.plan.restart_policy == "ExitCode" else "")
+        return outcome.reason
     return ""
 
 
@@ -190,17 +208,19 @@ def run(
     host_env: dict[str, str] | None = None,
     runtime: PodRuntime | None = None,
 ) -> LocalOutcome:
-    """Run the job until the operator would call it Succeeded or Failed, apply its
-    cleanPodPolicy, stop whatever still runs, and report."""
-    (job,) = [with_defaults(item) for item in objects if item.get("kind") == "PyTorchJob"]
-    run_policy = job["spec"]["runPolicy"]
+    """Run the job until its controller would call it finished, apply the clean-up it does
+    then, stop whatever still runs, and report."""
+    try:
+        rules = rules_for(objects)
+    except ValueError as error:
+        raise LocalError(str(error)) from None
     workdir.mkdir(parents=True, exist_ok=True)
     runtime = runtime or ProcessRuntime()
-    pods = prepare(objects, workdir, runtime, host_env)
-    start_delays = resolve_delays(job["metadata"]["name"], pods, delays or {})
+    pods = prepare(objects, workdir, runtime, host_env, plans=rules.plans())
+    start_delays = resolve_delays(rules.name, pods, delays or {})
     hosts = HostsTable(workdir / "etc-hosts")
     runtime.check(pods, hosts)
-    rank0 = next(p for p in pods if "training.kubeflow.org/job-role" in p.plan.labels)
+    rank0 = next(p for p in pods if p.plan.is_rank0)
     stop = threading.Event()
     follower = None
     if stream is not None:
@@ -219,23 +239,20 @@ def run(
                 condition = JobCondition("Failed", f"DeadlineExceeded: still running after {timeout:.0f}s")
                 break
             failures: list[str] = []
-            for pod in pods:  # the operator reconciles on each pod's change, not once per round
-                if reason := _advance(pod, hosts, now, notify):
+            for pod in pods:  # the controller reconciles on each pod's change, not once per round
+                if reason := _advance(pod, pods, rules, hosts, now, notify):
                     failures.append(reason)
-                states = [pod.state for pod in pods]
-                condition = job_condition(
-                    job, states, permanent_failure="; ".join(failures), new_failure=bool(failures)
-                )
+                condition = rules.condition([pod.state for pod in pods], "; ".join(failures))
                 if condition.status != "Running":
                     break
             if on_tick is not None:
                 on_tick(pods)
             time.sleep(0.1)
-        restarts = counted_restarts([pod.state for pod in pods])
-        deleted = pods_to_delete(run_policy["cleanPodPolicy"], [pod.state for pod in pods])
+        restarts = rules.counted_restarts([pod.state for pod in pods])
+        deleted, why = rules.to_delete([pod.state for pod in pods])
         for pod in pods:
             if pod.name in deleted and pod.process is not None:
-                notify(f"pod {pod.name} deleted (cleanPodPolicy {run_policy['cleanPodPolicy']})")
+                notify(f"pod {pod.name} deleted ({why})")
                 _stop(pod)
         kept = [
             pod.name
@@ -244,7 +261,7 @@ def run(
         ]
         for name in kept:
             notify(
-                f"pod {name} kept running (cleanPodPolicy {run_policy['cleanPodPolicy']}): on a cluster "
+                f"pod {name} kept running ({why}): on a cluster "
                 "it holds its resources until deleted; stopping it as this local run ends"
             )
     finally:
@@ -259,16 +276,18 @@ def run(
         if follower is not None:
             follower.join(timeout=5)
     return LocalOutcome(
-        job=job["metadata"]["name"],
+        job=rules.name,
         status=condition.status,
         reason=condition.reason,
         restarts=restarts,
-        backoff_limit=run_policy.get("backoffLimit"),
+        backoff_limit=rules.backoff_limit,
         recreations=sum(pod.recreations for pod in pods),
         exit_codes={pod.name: pod.exit_code for pod in pods},
         logs={pod.name: pod.log_path for pod in pods},
         deleted=deleted,
         kept_running=kept,
+        kind=rules.kind,
+        jobset_restarts=rules.jobset_restarts,
     )
 
 

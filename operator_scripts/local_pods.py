@@ -1,5 +1,6 @@
-"""A rendered PyTorchJob's pods as this machine runs them (`ddp-ops local`): each pod's
-command and environment as the manifest has them, with the operator's variables; its
+"""A rendered job's pods as this machine runs them (`ddp-ops local`): each pod's command and
+environment as the manifest has them, with the controller's variables and `$(VAR)`
+references expanded as the kubelet does; its
 volumes as folders under the work folder (ConfigMaps written out, emptyDirs world-writable
 as the kubelet makes them); and, for a runtime that shares this file system, container
 paths rewritten to those folders in the environment, the arguments and the ConfigMap files.
@@ -8,6 +9,7 @@ The job's hosts table, through which pod names resolve while their pods run, is 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any, Protocol, TextIO
 import yaml
 
 from operator_scripts.kubelet_probe import ContainerProber
-from operator_scripts.operator_env import PodPlan, plan_pods
+from operator_scripts.operator_env import PodPlan
 from operator_scripts.operator_status import Phase, PodState
 
 
@@ -97,7 +99,7 @@ class LocalPod:
 
     @property
     def log_path(self) -> Path:
-        return self.folder / "pytorch.log"
+        return self.folder / f"{self.plan.container_name}.log"
 
     @property
     def state(self) -> PodState:
@@ -181,25 +183,41 @@ def _host_env(host_env: dict[str, str] | None) -> dict[str, str]:
     return {key: value for key, value in env.items() if not key.startswith(("PET_", "TORCHELASTIC_"))}
 
 
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' expansion of a command or argument (third_party/forked/golang/expansion):
+    `$(NAME)` becomes the container's variable NAME where it has one and stays as written
+    where it has none; `$$` is a literal `$`."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match[0] == "$$":
+            return "$"
+        return env.get(match[1], match[0])
+
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", replace, text)
+
+
 def prepare(
     objects: list[dict[str, Any]],
     workdir: Path,
     runtime: PodRuntime,
     host_env: dict[str, str] | None = None,
+    plans: list[PodPlan] | None = None,
 ) -> list[LocalPod]:
-    """Local pods for the rendered objects (one PyTorchJob and its ConfigMaps): the
-    container's command and environment (with the operator's variables) as the manifest
-    has them, and, for a process, as this machine runs them."""
+    """Local pods for the rendered objects (one job, its runtime and its ConfigMaps): the
+    container's command and environment (with the controller's variables) as the manifest
+    has them, and, for a process, as this machine runs them. `plans`: the job's pods, if
+    its rules (`job_rules`) have already planned them."""
+    from operator_scripts.job_rules import rules_for
+
     inherited = _host_env(host_env)
-    (job,) = [item for item in objects if item.get("kind") == "PyTorchJob"]
     config_maps = {item["metadata"]["name"]: item for item in objects if item.get("kind") == "ConfigMap"}
     pods = []
-    for index, plan in enumerate(plan_pods(job)):
+    for index, plan in enumerate(rules_for(objects).plans() if plans is None else plans):
         folder = workdir / plan.name
         mounts, empty_dirs = _mounts(plan, folder, config_maps, workdir, runtime.localizes_paths)
         container = plan.container
         env = {**_container_env(container, inherited), **plan.env}
-        argv = [*container.get("command", []), *container.get("args", [])]
+        argv = [expand(arg, env) for arg in [*container.get("command", []), *container.get("args", [])]]
         if runtime.localizes_paths:  # the process inherits this machine's environment, as an image's
             env = {key: _localize(value, mounts) for key, value in {**inherited, **env}.items()}
             argv = [_localize(arg, mounts) for arg in argv]

@@ -23,10 +23,13 @@ class PodPlan:
     env: dict[str, str]  # injected by the operator, applied after the container's own env
     restart_policy: str  # OnFailure, Always, Never or ExitCode
     template: dict[str, Any] = field(repr=False)
+    container_name: str = "pytorch"  # the trainer's container: v1's name; Trainer v2's is `node`
+    aliases: tuple[str, ...] = ()  # further names that resolve to the pod while it runs
+    is_rank0: bool = False  # the pod that holds rank 0 in practice, whose log `local` streams
 
     @property
     def container(self) -> dict[str, Any]:
-        (container,) = [c for c in self.template["spec"]["containers"] if c["name"] == "pytorch"]
+        (container,) = [c for c in self.template["spec"]["containers"] if c["name"] == self.container_name]
         return container
 
 
@@ -140,6 +143,7 @@ def plan_pods(job: dict[str, Any]) -> list[PodPlan]:
                     env=injected_env(job, replica_type, index),
                     restart_policy=replicas[kind]["restartPolicy"],
                     template=replicas[kind]["template"],
+                    is_rank0=f"{LABEL}/job-role" in pod_labels(name, replica_type, index, has_master),
                 )
             )
     return pods

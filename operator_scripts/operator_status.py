@@ -29,9 +29,10 @@ class PodState:
 
 @dataclass(frozen=True)
 class JobCondition:
-    """The job's condition after a reconcile: Running, Succeeded or Failed, and why."""
+    """The job's condition after a reconcile: Running, then Succeeded (a PyTorchJob), Complete
+    (a TrainJob) or Failed, and why."""
 
-    status: Literal["Running", "Succeeded", "Failed"]
+    status: Literal["Running", "Succeeded", "Complete", "Failed"]
     reason: str = ""
 
 

@@ -14,8 +14,10 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 from conftest import REPO, free_port, process_env
+from loopback_api import status
 from object_api import ObjectApi
 from replay_api import ReplayApi
+from trainer_v2_rules import trainer_admission
 
 from operator_scripts.cli import main
 from operator_scripts.cluster import format_status, summarize
@@ -197,6 +199,94 @@ def test_submit_twice_updates_and_delete_removes_every_object_of_the_release(cap
         assert set(api.objects) == others
         assert main(["delete", "ddp-run", "-n", "training"]) == 2
         assert "release ddp-run has no objects in namespace training" in capsys.readouterr().err
+
+
+TRAINJOB = json.loads((HAND_BUILT / "trainjob-restarted.json").read_text())
+JOBSET = json.loads((HAND_BUILT / "jobset-restarted.json").read_text())
+TRAINJOB_PODS = json.loads((HAND_BUILT / "trainjob-pods.json").read_text())
+
+
+def test_status_and_logs_of_a_trainjob_against_hand_built_responses(capsys, monkeypatch, tmp_path):
+    """A job's name, whichever kind: no PyTorchJob of that name, so the TrainJob; its state
+    from its pods (a TrainJob has no Running condition), the JobSet's restarts and
+    conditions, rank 0 on completion index 0, read from container `node`."""
+    pods = "/api/v1/namespaces/training/pods"
+    trainjobs = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/training/trainjobs"
+    selector = "labelSelector=jobset.sigs.k8s.io%2Fjobset-name%3Dddp-run-ddp-trainer"
+    jobsets = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/training/jobsets"
+    not_found = status(404, "NotFound", 'pytorchjobs.kubeflow.org "ddp-run-ddp-trainer" not found')
+    routes = {
+        ("GET", f"{BASE}/ddp-run-ddp-trainer"): (404, not_found),
+        ("GET", f"{trainjobs}/ddp-run-ddp-trainer"): (200, TRAINJOB),
+        ("GET", f"{jobsets}/ddp-run-ddp-trainer"): (200, JOBSET),
+        ("GET", f"{pods}?{selector}"): (200, TRAINJOB_PODS),
+        ("GET", f"{pods}?{selector}%2C"): (200, {**TRAINJOB_PODS, "items": TRAINJOB_PODS["items"][:1]}),
+        ("GET", f"{pods}/ddp-run-ddp-trainer-node-0-0-x7k2p/log?container=node"): (200, BANNER_LOG),
+    }  # fmt: skip
+    with ReplayApi(routes) as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path)))
+        assert main(["status", "ddp-run-ddp-trainer", "-n", "training"]) == 0
+        out = capsys.readouterr().out
+        assert out.splitlines()[0].startswith("TrainJob ddp-run-ddp-trainer: Running (age ")
+        assert "container restarts 2, JobSet restarts 1" in out and "job node: active 2, failed 0" in out
+        assert "condition JobSet StartupPolicyCompleted=True InOrderStartupPolicyCompleted" in out
+        assert "rank 0 pod: ddp-run-ddp-trainer-node-0-0-x7k2p" in out
+        assert main(["logs", "ddp-run-ddp-trainer", "-n", "training"]) == 0
+        captured = capsys.readouterr()
+    assert "# rank 0: pod ddp-run-ddp-trainer-node-0-0-x7k2p" in captured.err
+    assert captured.out.splitlines()[-1] == "step 10/100"
+
+
+V2_KINDS = CHART_KINDS - {"pytorchjobs"} | {"trainjobs", "trainingruntimes"}
+
+
+def test_submit_a_trainjob_runtime_first_an_immutable_change_is_one_line_and_delete_removes_both(
+    capsys, monkeypatch, tmp_path
+):
+    """Against the object model with Trainer's admission (tests/helpers/trainer_v2_rules.py):
+    the runtime is applied before the TrainJob, whose first create the webhook's stale cache
+    refuses and a retry passes; a second submit that changes the image (spec.trainer,
+    immutable) is one line saying to delete and submit again, not the API's 422; delete
+    removes the TrainJob and its runtime."""
+    with ObjectApi(served=V2_KINDS, admit=trainer_admission(cache_lag=1)) as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path)))
+        assert main(["submit", "-n", "training", "--set", "jobKind=TrainJob"]) == 0
+        created = capsys.readouterr().out.splitlines()
+        assert created[0] == "trainingruntime/ddp-run-ddp-trainer created"
+        assert created[-1] == "trainjob/ddp-run-ddp-trainer created"
+        patches = [
+            (path.rsplit("/", 2)[-2], code) for method, path, code in api.requests if method == "PATCH"
+        ]
+        assert patches[0] == ("trainingruntimes", 201) and patches[-2:] == [
+            ("trainjobs", 422),
+            ("trainjobs", 201),
+        ]
+
+        assert main(["submit", "-n", "training", "--set", "jobKind=TrainJob,image.tag=0.2.0"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "cannot change (Trainer v2 makes them immutable)" in err[0]
+        assert "ddp-ops delete ddp-run -n training, then submit again" in err[0] and "422" not in err[0]
+        stored = api.objects[("training", "trainjobs", "ddp-run-ddp-trainer")]
+        assert stored["spec"]["trainer"]["image"].endswith(":0.1.0")
+
+        assert main(["delete", "ddp-run", "-n", "training"]) == 0
+        deleted = capsys.readouterr().out.splitlines()
+        assert {"trainjob/ddp-run-ddp-trainer deleted", "trainingruntime/ddp-run-ddp-trainer deleted"} <= set(
+            deleted
+        )
+        assert deleted.index("trainjob/ddp-run-ddp-trainer deleted") < deleted.index(
+            "trainingruntime/ddp-run-ddp-trainer deleted"
+        )
+        assert not api.objects
+
+
+def test_submit_a_trainjob_without_trainer_installed_says_what_to_install(capsys, monkeypatch, tmp_path):
+    with ObjectApi(served=CHART_KINDS) as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path)))
+        assert main(["submit", "-n", "training", "--set", "jobKind=TrainJob"]) == 2
+    err = capsys.readouterr().err
+    assert "is Kubeflow Trainer v2.3 installed (kubectl get crd trainjobs.trainer.kubeflow.org" in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.slow

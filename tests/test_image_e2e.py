@@ -68,17 +68,23 @@ def docker() -> Engine:
     return engine
 
 
-def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metrics(docker, tmp_path):
-    """The CPU job of helm/ci/cpu-values.yaml, two pods as containers of the image with the
-    manifest's user, read-only root, dropped capabilities and volumes; checkpoints to S3.
-    worker-1's container is SIGKILLed mid-run: the operator re-creates the pod, the job
-    resumes from worker-0's snapshot and succeeds. Metrics are scraped from a container and
-    rank 0's log is read with `docker logs`."""
-    release, prefix, max_steps = "e2e", "image-e2e", 150  # 8 of the chart's 10 epochs
+@pytest.mark.parametrize("kind", ["PyTorchJob", "TrainJob"])
+def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metrics(docker, tmp_path, kind):
+    """The CPU job of helm/ci/cpu-values.yaml, as a PyTorchJob and as a TrainJob: two pods as
+    containers of the image with the manifest's user, read-only root, dropped capabilities
+    and volumes; checkpoints to S3. The second pod's container is SIGKILLed mid-run: the
+    operator (a TrainJob's Job) re-creates the pod, the job resumes from the first pod's
+    snapshot and succeeds. Metrics are scraped from a container and rank 0's log is read
+    with `docker logs`."""
+    release, prefix, max_steps = "e2e", f"image-e2e-{kind.lower()}", 150  # 8 of the chart's 10 epochs
     job_name = f"{release}-ddp-trainer"
+    pod_names = [
+        f"{job_name}-worker-{i}" if kind == "PyTorchJob" else f"{job_name}-node-0-{i}" for i in (0, 1)
+    ]
     with DockerRuntime(docker, job_name) as runtime, serve_moto(runtime.gateway) as endpoint:
         client = bucket(endpoint)
-        rendered = render(chart_values(endpoint, prefix, max_steps), release=release, namespace="training")
+        values = chart_values(endpoint, prefix, max_steps, f"jobKind={kind}")
+        rendered = render(values, release=release, namespace="training")
         scraped: list[str] = []
         killed: list[str] = []
 
@@ -104,18 +110,22 @@ def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metri
             host_env=SECRETS,
             runtime=runtime,
         )
-        rank0_log = runtime.logs(f"{job_name}-worker-0")
+        rank0_log = runtime.logs(pod_names[0])
         latest = client.get_object(Bucket="e2e", Key=f"{prefix}/latest.json")["Body"].read().decode()
 
     print(f"\n{outcome.summary()}")
     logs = {name: path.read_text() for name, path in outcome.logs.items()}
-    assert outcome.status == "Succeeded", {name: text[-2000:] for name, text in logs.items()}
-    assert killed == [f"{job_name}-worker-1"] and (outcome.recreations, outcome.restarts) == (1, 0)
+    assert outcome.status == {"PyTorchJob": "Succeeded", "TrainJob": "Complete"}[kind], {
+        name: text[-2000:] for name, text in logs.items()
+    }
+    # v1 re-creates the pod with no restart counted; the Job counts 1 failed pod
+    counted = 0 if kind == "PyTorchJob" else 1
+    assert killed == pod_names[1:] and (outcome.recreations, outcome.restarts) == (1, counted)
 
     resumed = re.findall(r"resumed from step (\d+) \(snapshot on [\w-]+, (\d+) steps? lost\)", rank0_log)
     print("rank 0 after the kill:", *[f"resumed from step {step} ({lost} lost)" for step, lost in resumed])
     assert len(resumed) == 1, resumed
-    assert_lost_within(held, f"{job_name}-worker-0", int(resumed[0][0]), int(resumed[0][1]), bound=5)
+    assert_lost_within(held, pod_names[0], int(resumed[0][0]), int(resumed[0][1]), bound=5)
     assert f'"step": {max_steps}' in latest, latest
 
     (metrics,) = scraped

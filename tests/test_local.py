@@ -1,5 +1,7 @@
 """The operator's view of a PyTorchJob as pure functions, and the chart's job run locally
-as the operator would run it: pods as process groups on loopback, restarts, outcome."""
+as its controllers would run it, as a PyTorchJob (training-operator v1) and as a TrainJob
+(Trainer v2, JobSet, the Job controller): pods as process groups on loopback, restarts,
+outcome."""
 
 from __future__ import annotations
 
@@ -30,6 +32,14 @@ from operator_scripts.local_pods import HostsTable, prepare
 from operator_scripts.operator_env import injected_env, plan_pods, rank0_selector
 
 CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"
+KINDS = ["PyTorchJob", "TrainJob"]
+DONE = {"PyTorchJob": "Succeeded", "TrainJob": "Complete"}  # the condition each kind shows
+
+
+def pod_name(kind: str, release: str, index: int) -> str:
+    """Pod `index` of the chart's job: v1's `<job>-worker-<i>`, v2's `<tj>-node-0-<i>`
+    (named by its host name locally)."""
+    return f"{release}-ddp-trainer-" + (f"worker-{index}" if kind == "PyTorchJob" else f"node-0-{index}")
 
 
 def job(sets: list[str]) -> dict:
@@ -72,18 +82,21 @@ def test_pod_names_labels_and_rank0_selector():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapshot_bit_exact(
-    s3_bucket, tmp_path, workdir
+    s3_bucket, tmp_path, workdir, kind
 ):
     """Two CPU pods from the chart, snapshots every 5 steps, S3 checkpoints only at the end,
     metrics on. One pod's process tree is SIGKILLed: it is re-created with an empty /dev/shm
-    (a node lost), the elastic agents re-rendezvous, and training resumes from the other
-    pod's snapshot, sent over the process group; the job succeeds with the same final bits
-    as an uninterrupted run of the same config."""
-    prefix = "local-e2e"
+    (a node lost; a TrainJob's Job replaces it after its 10 s back-off), the agents
+    re-rendezvous, and training resumes from the other pod's snapshot, sent over the process
+    group; the job succeeds with the same final bits as an uninterrupted run of the same
+    config."""
+    prefix = f"local-e2e-{kind}"
     values = merge_values(
         files=[CPU_VALUES],
         sets=[
+            f"jobKind={kind}",
             f"checkpoints.s3.bucket={s3_bucket.name},checkpoints.s3.prefix={prefix},"
             f"checkpoints.s3.endpoint={s3_bucket.endpoint},checkpoints.s3.region=us-east-1,"
             f"checkpoints.s3.existingSecret=s3-keys,metrics.port={free_port()}",
@@ -116,17 +129,19 @@ def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapsh
         host_env=host_env,
     )
     logs = {name: path.read_text() for name, path in outcome.logs.items()}
-    assert outcome.status == "Succeeded", {k: v[-2000:] for k, v in logs.items()}
-    # ExitCode: the SIGKILLed pod (137, retryable) is re-created; backoffLimit counts nothing
-    assert killed == ["ddp-run-ddp-trainer-worker-1"]
-    assert (outcome.recreations, outcome.restarts) == (1, 0)
+    assert outcome.status == DONE[kind], {k: v[-2000:] for k, v in logs.items()}
+    # ExitCode: the SIGKILLed pod (137, retryable) is re-created; v1's backoffLimit counts
+    # nothing (a new pod), a Job counts the failed pod (1 of its backoffLimit)
+    assert killed == [pod_name(kind, "ddp-run", 1)]
+    assert (outcome.recreations, outcome.restarts) == (1, 0 if kind == "PyTorchJob" else 1)
+    assert outcome.jobset_restarts == 0
+    survivor_name = pod_name(kind, "ddp-run", 0)
     resumed = re.findall(
-        r"resumed from step (\d+) \(snapshot on ddp-run-ddp-trainer-worker-0, (\d+) steps? lost\)",
-        "".join(logs.values()),
+        rf"resumed from step (\d+) \(snapshot on {survivor_name}, (\d+) steps? lost\)", "".join(logs.values())
     )
     assert len(resumed) == 1, resumed
-    assert_lost_within(held, "ddp-run-ddp-trainer-worker-0", int(resumed[0][0]), int(resumed[0][1]), bound=5)
-    survivor = logs["ddp-run-ddp-trainer-worker-0"]  # one line for the lost peer, no traceback
+    assert_lost_within(held, survivor_name, int(resumed[0][0]), int(resumed[0][1]), bound=5)
+    survivor = logs[survivor_name]  # one line for the lost peer, no traceback
     assert survivor.count("rank 0 lost a peer (") == 1 and "Traceback" not in survivor, survivor[-3000:]
     assert any("world size 2 (2 nodes x 1 process)" in line for line in lines)  # rank 0 streamed
     assert s3_bucket.latest_step(prefix) == 60
@@ -143,6 +158,75 @@ def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapsh
         assert torch.equal(tensor, recovered["model"][name]), name
 
 
+@pytest.mark.slow
+def test_a_trainjob_resumes_the_checkpoints_a_pytorchjob_left(s3_bucket, tmp_path):
+    """Moving a project from v1 to v2: the same release, bucket and prefix, so the same
+    checkpoint location (and the same job for its lease); the TrainJob resumes where the
+    PyTorchJob stopped, not from step 0."""
+    host_env = process_env()
+    host_env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    host_env.pop("AWS_ENDPOINT_URL", None)
+    common = (
+        f"cpuNodes=1,checkpoints.s3.bucket={s3_bucket.name},checkpoints.s3.prefix=moved,"
+        f"checkpoints.s3.endpoint={s3_bucket.endpoint},checkpoints.s3.region=us-east-1,"
+        "checkpoints.s3.existingSecret=s3-keys,trainer.config.checkpoint.every_steps=10"
+    )
+    logs = {}
+    for kind, steps in (("PyTorchJob", 20), ("TrainJob", 30)):
+        values = merge_values(
+            files=[CPU_VALUES], sets=[f"jobKind={kind},{common},trainer.config.train.max_steps={steps}"]
+        )
+        rendered = render(values, release="ddp-run", namespace="training")
+        outcome = run(rendered.objects, tmp_path / kind, timeout=200, stream=None, host_env=host_env)
+        logs[kind] = outcome.logs[pod_name(kind, "ddp-run", 0)].read_text()
+        assert outcome.status == DONE[kind], logs[kind][-3000:]
+    assert "resumed from step" not in logs["PyTorchJob"] and s3_bucket.latest_step("moved") == 30
+    assert f"resumed from step 20 ({s3_bucket.uri('moved')}" in logs["TrainJob"], logs["TrainJob"][-3000:]
+
+
+@pytest.mark.slow
+def test_a_trainjob_past_its_backoff_limit_restarts_whole_and_resumes_from_the_store(s3_bucket, tmp_path):
+    """backoffLimit 0, trainJob.maxRestarts 1: one killed pod fails the node Job, and the JobSet
+    re-creates every pod (snapshots gone with their /dev/shm); the job resumes from the
+    store's newest checkpoint and completes, one JobSet restart counted."""
+    host_env = process_env({"PYTHONPATH": os.pathsep.join([str(REPO), str(HELPERS)])})
+    host_env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    host_env.pop("AWS_ENDPOINT_URL", None)
+    values = merge_values(
+        files=[CPU_VALUES],
+        sets=[
+            "jobKind=TrainJob,runPolicy.backoffLimit=0,trainJob.maxRestarts=1",
+            f"checkpoints.s3.bucket={s3_bucket.name},checkpoints.s3.prefix=whole,"
+            f"checkpoints.s3.endpoint={s3_bucket.endpoint},checkpoints.s3.region=us-east-1,"
+            "checkpoints.s3.existingSecret=s3-keys",
+            "trainer.config.data.name=plugins:slow_digits,trainer.config.data.options.delay_s=0.002,"
+            "trainer.config.train.max_steps=50,trainer.config.checkpoint.every_steps=10",
+        ],
+    )
+    rendered = render(values, release="ddp-run", namespace="training")
+    killed: list[int] = []
+
+    def kill_once_stored(pods):
+        if not killed and (s3_bucket.latest_step("whole") or 0) >= 20:
+            killed.append(s3_bucket.latest_step("whole"))
+            kill_pod(pods[1])
+
+    outcome = run(
+        rendered.objects,
+        tmp_path / "pods",
+        timeout=240,
+        stream=None,
+        on_tick=kill_once_stored,
+        host_env=host_env,
+    )
+    logs = {name: path.read_text() for name, path in outcome.logs.items()}
+    assert outcome.status == "Complete", {k: v[-2000:] for k, v in logs.items()}
+    assert (outcome.jobset_restarts, outcome.recreations) == (1, 2)  # every pod, once
+    resumed = re.findall(r"resumed from step (\d+) \(s3://", logs[pod_name("TrainJob", "ddp-run", 0)])
+    assert resumed and int(resumed[-1]) >= killed[0], (resumed, killed)
+    assert s3_bucket.latest_step("whole") == 50
+
+
 def outside_paths() -> dict[str, object]:
     """What a local run must leave alone: the container paths the chart's config names, and
     the trainer's default cache and metrics folders in the host's /tmp, as entries."""
@@ -150,38 +234,44 @@ def outside_paths() -> dict[str, object]:
     return {path: sorted(os.listdir(path)) if os.path.isdir(path) else None for path in watched}
 
 
-def delayed_start(tmp_path, pods: int, delay_s: float, lines: list[str]):
+def delayed_start(tmp_path, kind: str, pods: int, delay_s: float, lines: list[str]):
     values = merge_values(
         files=[CPU_VALUES],
-        sets=[f"cpuNodes={pods},trainer.config.train.max_steps=20,trainer.config.log.every_steps=10"],
+        sets=[
+            f"jobKind={kind},cpuNodes={pods},trainer.config.train.max_steps=20,trainer.config.log.every_steps=10"
+        ],
     )
     rendered = render(values, release="slow-start", namespace="training")
+    host = pod_name(kind, "slow-start", 0)
     return run(
         rendered.objects,
         tmp_path / "pods",
         timeout=400,
-        delays={"worker-0": delay_s},
+        delays={host: delay_s},
         stream=lines.append,
         host_env=process_env(),
     )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("pods", "delay_s"), [(2, 75), (4, 30)])
-def test_a_slow_rendezvous_host_costs_no_restart(tmp_path, pods, delay_s):
-    """worker-0 starts late (an image pull; 75 s is past torchrun's own 60 s store timeout):
-    the others wait for its name, one line each, and the job succeeds with no restart and
-    no re-created pod. Writes stay in the work folder."""
+@pytest.mark.parametrize(
+    ("kind", "pods", "delay_s"), [("PyTorchJob", 2, 75), ("PyTorchJob", 4, 30), ("TrainJob", 2, 75)]
+)
+def test_a_slow_rendezvous_host_costs_no_restart(tmp_path, kind, pods, delay_s):
+    """The rendezvous host (worker-0; a TrainJob's node-0-0) starts late (an image pull; 75 s
+    is past torchrun's own 60 s store timeout): the others wait for its name, one line each,
+    and the job succeeds with no restart and no re-created pod. Writes stay in the work
+    folder."""
     before = outside_paths()
     lines: list[str] = []
-    outcome = delayed_start(tmp_path, pods, delay_s, lines)
+    outcome = delayed_start(tmp_path, kind, pods, delay_s, lines)
     logs = {name: path.read_text() for name, path in outcome.logs.items()}
-    assert outcome.status == "Succeeded", {k: v[-2000:] for k, v in logs.items()}
-    assert (outcome.restarts, outcome.recreations) == (0, 0)
+    assert outcome.status == DONE[kind], {k: v[-2000:] for k, v in logs.items()}
+    assert (outcome.restarts, outcome.recreations, outcome.jobset_restarts) == (0, 0, 0)
     waiting = [name for name, text in logs.items() if text.count("waiting for the rendezvous host") == 1]
-    assert waiting == [f"slow-start-ddp-trainer-worker-{i}" for i in range(1, pods)]
+    assert waiting == [pod_name(kind, "slow-start", i) for i in range(1, pods)]
     assert any(f"world size {pods} ({pods} nodes x 1 process)" in line for line in lines)
-    checkpoints = tmp_path / "pods" / "slow-start-ddp-trainer-worker-0" / "volumes" / "checkpoints"
+    checkpoints = tmp_path / "pods" / pod_name(kind, "slow-start", 0) / "volumes" / "checkpoints"
     assert (checkpoints / "slow-start" / "latest.json").is_file()
     assert outside_paths() == before
 
@@ -191,17 +281,28 @@ NOT_IN_THE_IMAGE = "trainer.config.model.name=not_in_the_image:build"
 
 
 @pytest.mark.slow
-def test_a_bad_trainer_value_fails_the_job_in_seconds_without_a_restart(tmp_path):
-    values = merge_values(files=[CPU_VALUES], sets=[NOT_IN_THE_IMAGE])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_bad_trainer_value_fails_the_job_in_seconds_without_a_restart(tmp_path, kind):
+    """Exit 2 is permanent: v1's restartPolicy ExitCode; a TrainJob's podFailurePolicy FailJob,
+    which its JobSet's rule turns into FailJobSet, no JobSet restart."""
+    values = merge_values(files=[CPU_VALUES], sets=[f"jobKind={kind}", NOT_IN_THE_IMAGE])
     rendered = render(values, release="bad-run", namespace="training")
     started = time.monotonic()
     outcome = run(rendered.objects, tmp_path / "pods", timeout=120, stream=None, host_env=process_env())
     assert time.monotonic() - started < 30
-    assert outcome.status == "Failed" and "exited with code 2, not retryable" in outcome.reason
-    assert (outcome.restarts, outcome.recreations) == (0, 0)
-    rank0 = outcome.logs["bad-run-ddp-trainer-worker-0"].read_text()
+    permanent = {
+        "PyTorchJob": "exited with code 2, not retryable",
+        "TrainJob": "exited with code 2 (podFailurePolicy: FailJob)",
+    }
+    assert outcome.status == "Failed" and permanent[kind] in outcome.reason
+    assert (outcome.restarts, outcome.recreations, outcome.jobset_restarts) == (0, 0, 0)
+    rank0 = outcome.logs[pod_name(kind, "bad-run", 0)].read_text()
     assert rank0.strip().startswith("trainer: error: model.name='not_in_the_image:build': cannot import")
-    assert outcome.summary().startswith("job bad-run-ddp-trainer: Failed (pod bad-run-ddp-trainer-worker-")
+    verdict = {
+        "PyTorchJob": "job bad-run-ddp-trainer: Failed (pod bad-run-ddp-trainer-worker-",
+        "TrainJob": "trainjob bad-run-ddp-trainer: Failed (FailJobSetFailurePolicyAction: pod bad-run-",
+    }
+    assert outcome.summary().startswith(verdict[kind]), outcome.summary()
 
 
 @pytest.mark.slow

@@ -6,12 +6,16 @@ this models only the answers `ddp-ops submit` and `delete` rely on, from the API
 documentation: an apply (PATCH, `application/apply-patch+yaml`, `fieldManager` required)
 answers 201 when it created the object and 200 when it updated it; a list takes a
 `labelSelector` of `key=value` terms; a delete of an absent object is 404; a kind the
-cluster does not serve is 404 "the server could not find the requested resource"."""
+cluster does not serve is 404 "the server could not find the requested resource". An
+`admit` callable plays the admission chain (webhooks, CEL rules) for an apply: given the
+key, the stored object (None on create), the applied one and every stored object, it
+answers an error (status, document) or None to let it through."""
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -19,10 +23,11 @@ from loopback_api import NOT_SERVED, LoopbackApi, status
 
 
 class ObjectApi(LoopbackApi):
-    def __init__(self, served: set[str]) -> None:
+    def __init__(self, served: set[str], admit: Callable[..., tuple[int, dict] | None] | None = None) -> None:
         """`served`: the plurals the cluster knows (configmaps, pytorchjobs, ...)."""
         super().__init__()
         self.served = served
+        self.admit = admit
         self.objects: dict[tuple[str, str, str], dict] = {}  # (namespace, plural, name) -> object
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status answered)
         self.lock = threading.Lock()
@@ -48,6 +53,10 @@ class ObjectApi(LoopbackApi):
                 if not query.get("fieldManager"):
                     return 400, status(400, "BadRequest", "fieldManager is required for apply patch")
                 item = json.loads(body)
+                if self.admit is not None and (
+                    refused := self.admit(key, self.objects.get(key), item, self.objects)
+                ):
+                    return refused
                 created = key not in self.objects
                 version = 1 if created else int(self.objects[key]["metadata"]["resourceVersion"]) + 1
                 item["metadata"]["resourceVersion"] = str(version)

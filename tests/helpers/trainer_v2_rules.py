@@ -6,11 +6,13 @@ and v0.12.0 of kubernetes-sigs/jobset (docs/facts.md, "Kubeflow Trainer v2")."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from k8s_rules import DNS_1035, strict
+from loopback_api import status
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
 CRDS = {  # manifests/base/crds/ at tag v2.3.0 (commit 658725bd), tests/schemas/README.md
@@ -147,3 +149,42 @@ def exit_code_problems(policy: dict[str, Any], containers: set[str]) -> list[str
         if codes.get("containerName") not in (None, *containers):
             problems.append(f"onExitCodes names container {codes.get('containerName')}, which the pod lacks")
     return problems
+
+
+def trainer_admission(cache_lag: int = 1) -> Callable[..., tuple[int, dict] | None]:
+    """An `ObjectApi` admission for Trainer v2.3.0: a TrainJob's runtime must exist in the
+    webhook's cache (pkg/runtime/core/trainingruntime.go:305-313; the cache lags: the first
+    `cache_lag` creates after the runtime appeared are refused as if it were not there), and
+    its runtimeRef, initializer and trainer never change (CEL `self == oldSelf`,
+    trainjob_types.go:104-114). Errors as the API server words them."""
+    refusals = {"left": cache_lag}
+
+    def admit(key, stored, applied, objects) -> tuple[int, dict] | None:
+        namespace, plural, name = key
+        if plural != "trainjobs":
+            return None
+        if stored is not None:
+            changed = [
+                f
+                for f in ("runtimeRef", "initializer", "trainer")
+                if stored["spec"].get(f) != applied["spec"].get(f)
+            ]
+            if changed:
+                causes = "; ".join(f'spec.{f}: Invalid value: "object": field is immutable' for f in changed)
+                return 422, status(
+                    422, "Invalid", f'TrainJob.trainer.kubeflow.org "{name}" is invalid: {causes}'
+                )
+            return None
+        runtime = applied["spec"]["runtimeRef"]["name"]
+        if (namespace, "trainingruntimes", runtime) not in objects or refusals["left"] > 0:
+            refusals["left"] -= 1
+            message = (
+                'admission webhook "validate.trainjob.trainer.kubeflow.org" denied the request: '
+                f'spec.RuntimeRef: Invalid value: trainingruntimes.trainer.kubeflow.org "{runtime}" '
+                "not found: "
+                "specified trainingRuntime must be created before the TrainJob is created"
+            )
+            return 422, status(422, "Invalid", message)
+        return None
+
+    return admit
