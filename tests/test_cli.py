@@ -131,6 +131,17 @@ def test_no_cluster_is_a_clear_error(capsys, monkeypatch, tmp_path):
     assert "the cluster does not answer" in err and "Traceback" not in err
 
 
+def status_then_logs(routes: dict, capsys, monkeypatch, tmp_path) -> tuple[str, object, ReplayApi]:
+    """`ddp-ops status` then `logs` of ddp-run-ddp-trainer against `routes`: status's output,
+    logs' captured output, and the server (its requests)."""
+    with ReplayApi(routes) as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path)))
+        assert main(["status", "ddp-run-ddp-trainer", "-n", "training"]) == 0
+        out = capsys.readouterr().out
+        assert main(["logs", "ddp-run-ddp-trainer", "-n", "training"]) == 0
+        return out, capsys.readouterr(), api
+
+
 def test_status_and_logs_against_hand_built_responses(capsys, monkeypatch, tmp_path):
     pods = "/api/v1/namespaces/training/pods"
     routes = {
@@ -143,17 +154,12 @@ def test_status_and_logs_against_hand_built_responses(capsys, monkeypatch, tmp_p
         ("GET", f"{pods}/ddp-run-ddp-trainer-worker-0/log"): (200, "[rank 8] WARNING: slow disk\n"),
         ("GET", f"{pods}/ddp-run-ddp-trainer-worker-1/log"): (200, BANNER_LOG),
     }  # fmt: skip
-    with ReplayApi(routes) as api:
-        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path)))
-        assert main(["status", "ddp-run-ddp-trainer", "-n", "training"]) == 0
-        out = capsys.readouterr().out
-        assert (
-            "Running" in out
-            and "container restarts 1" in out
-            and "rank 0 pod: ddp-run-ddp-trainer-worker-0" in out
-        )
-        assert main(["logs", "ddp-run-ddp-trainer", "-n", "training"]) == 0
-        captured = capsys.readouterr()
+    out, captured, api = status_then_logs(routes, capsys, monkeypatch, tmp_path)
+    assert (
+        "Running" in out
+        and "container restarts 1" in out
+        and "rank 0 pod: ddp-run-ddp-trainer-worker-0" in out
+    )
     assert "# rank 0: pod ddp-run-ddp-trainer-worker-1" in captured.err
     assert captured.out.splitlines() == [
         "2026-11-29T10:00:09Z rank 0 on host ddp-run-ddp-trainer-worker-1: world size 16",
@@ -223,16 +229,11 @@ def test_status_and_logs_of_a_trainjob_against_hand_built_responses(capsys, monk
         ("GET", f"{pods}?{selector}%2C"): (200, {**TRAINJOB_PODS, "items": TRAINJOB_PODS["items"][:1]}),
         ("GET", f"{pods}/ddp-run-ddp-trainer-node-0-0-x7k2p/log?container=node"): (200, BANNER_LOG),
     }  # fmt: skip
-    with ReplayApi(routes) as api:
-        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path)))
-        assert main(["status", "ddp-run-ddp-trainer", "-n", "training"]) == 0
-        out = capsys.readouterr().out
-        assert out.splitlines()[0].startswith("TrainJob ddp-run-ddp-trainer: Running (age ")
-        assert "container restarts 2, JobSet restarts 1" in out and "job node: active 2, failed 0" in out
-        assert "condition JobSet StartupPolicyCompleted=True InOrderStartupPolicyCompleted" in out
-        assert "rank 0 pod: ddp-run-ddp-trainer-node-0-0-x7k2p" in out
-        assert main(["logs", "ddp-run-ddp-trainer", "-n", "training"]) == 0
-        captured = capsys.readouterr()
+    out, captured, _ = status_then_logs(routes, capsys, monkeypatch, tmp_path)
+    assert out.splitlines()[0].startswith("TrainJob ddp-run-ddp-trainer: Running (age ")
+    assert "container restarts 2, JobSet restarts 1" in out and "job node: active 2, failed 0" in out
+    assert "condition JobSet StartupPolicyCompleted=True InOrderStartupPolicyCompleted" in out
+    assert "rank 0 pod: ddp-run-ddp-trainer-node-0-0-x7k2p" in out
     assert "# rank 0: pod ddp-run-ddp-trainer-node-0-0-x7k2p" in captured.err
     assert captured.out.splitlines()[-1] == "step 10/100"
 
