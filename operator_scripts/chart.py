@@ -113,16 +113,23 @@ TABLE_BEGIN, TABLE_END = "<!-- parameters:begin -->", "<!-- parameters:end -->"
 GENERATED_HEADER = "# Generated from the chart by `python -m operator_scripts.chart write`; do not edit.\n"
 
 
-def k8s_base_files() -> dict[Path, str]:
-    """The chart rendered with k8s/reference-values.yaml, one file per template, plus the
-    kustomization that lists them."""
-    rendered = render(merge_values(files=[K8S_REFERENCE]), release=K8S_RELEASE, namespace=K8S_NAMESPACE)
-    files: dict[Path, str] = {}
+def template_files(rendered: RenderedChart) -> dict[str, str]:
+    """Each template's rendered text as a generated file, by the template's name (`configmap`,
+    `trainjob`, ...), without Helm's `---` and `# Source:` lines."""
+    files = {}
     for document in rendered.manifest.split("\n---\n"):
         source = re.search(r"^# Source: [^/]+/templates/(\S+)\.yaml$", document, re.MULTILINE)
         if source:
             body = re.sub(r"^---\n|^# Source: .*\n", "", document.strip() + "\n", flags=re.MULTILINE)
-            files[K8S_BASE / f"{source[1]}.yaml"] = GENERATED_HEADER + body
+            files[source[1]] = GENERATED_HEADER + body
+    return files
+
+
+def k8s_base_files() -> dict[Path, str]:
+    """The chart rendered with k8s/reference-values.yaml, one file per template, plus the
+    kustomization that lists them."""
+    rendered = render(merge_values(files=[K8S_REFERENCE]), release=K8S_RELEASE, namespace=K8S_NAMESPACE)
+    files = {K8S_BASE / f"{name}.yaml": text for name, text in template_files(rendered).items()}
     names = sorted(path.name for path in files)
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
@@ -166,14 +173,8 @@ def k8s_trainjob_files() -> dict[Path, str]:
     runtime, rendered from the same reference values."""
     values = deep_merge(merge_values(files=[K8S_REFERENCE]), {"jobKind": "TrainJob"})
     rendered = render(values, release=K8S_RELEASE, namespace=K8S_NAMESPACE)
-    files = {}
-    for document in rendered.manifest.split("\n---\n"):
-        source = re.search(
-            r"^# Source: [^/]+/templates/(trainjob|trainingruntime)\.yaml$", document, re.MULTILINE
-        )
-        if source:
-            body = re.sub(r"^---\n|^# Source: .*\n", "", document.strip() + "\n", flags=re.MULTILINE)
-            files[K8S_TRAINJOB / f"{source[1]}.yaml"] = GENERATED_HEADER + body
+    templates = template_files(rendered)
+    files = {K8S_TRAINJOB / f"{name}.yaml": templates[name] for name in ("trainingruntime", "trainjob")}
     name = rendered.one("TrainJob")["metadata"]["name"]
     files[K8S_TRAINJOB / "kustomization.yaml"] = GENERATED_HEADER + TRAINJOB_KUSTOMIZATION.format(name=name)
     return files

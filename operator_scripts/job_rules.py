@@ -67,15 +67,12 @@ class PyTorchJobRules:
         self.name = self.job["metadata"]["name"]
         self.run_policy = self.job["spec"]["runPolicy"]
         self.backoff_limit = self.run_policy.get("backoffLimit")
-        self._policies: dict[str, str] = {}
 
     def plans(self) -> list[PodPlan]:
-        plans = plan_pods(self.job)
-        self._policies = {plan.name: plan.restart_policy for plan in plans}
-        return plans
+        return plan_pods(self.job)
 
     def on_exit(self, pod: PodState, code: int, pods: list[PodState]) -> ExitOutcome:
-        policy = self._policies[pod.name]
+        policy = self.job["spec"]["pytorchReplicaSpecs"][pod.replica_type.capitalize()]["restartPolicy"]
         action = operator_status.after_exit(policy, code)
         exited = f"pod {pod.name} exited with code {code}"
         if action == "restart":
@@ -128,7 +125,7 @@ class TrainJobRules:
             return ExitOutcome("succeeded", "")
         if action == "restart":  # OnFailure: the kubelet's restart, counted by the Job
             delay = operator_status.restart_delay(pod.restarts + 1)
-            active = sum(p.restarts for p in pods if p.phase in ("Running", "Pending")) + 1
+            active = _active_restarts(pods) + 1  # with this one
             if reason := jobset_status.job_failure(
                 job.restart_policy, job.backoff_limit, self.failed, active
             ):
@@ -170,9 +167,14 @@ class TrainJobRules:
         return JobCondition("Running")
 
     def counted_restarts(self, pods: list[PodState]) -> int:
-        return self.failed + sum(p.restarts for p in pods if p.phase in ("Running", "Pending"))
+        return self.failed + _active_restarts(pods)
 
     def to_delete(self, pods: list[PodState]) -> tuple[list[str], str]:
         """A finished JobSet deletes its active child Jobs (jobset_controller.go:162-166), whose
         running pods go; finished pods stay."""
         return operator_status.pods_to_delete("Running", pods), "the finished JobSet deletes its running Job"
+
+
+def _active_restarts(pods: list[PodState]) -> int:
+    """Container restarts of the Job's active pods (what OnFailure counts against backoffLimit)."""
+    return sum(p.restarts for p in pods if p.phase in ("Running", "Pending"))

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TextIO
 
 import yaml
 
+from operator_scripts.job_rules import rules_for
 from operator_scripts.kubelet_probe import ContainerProber
 from operator_scripts.operator_env import PodPlan
 from operator_scripts.operator_status import Phase, PodState
@@ -207,8 +208,6 @@ def prepare(
     container's command and environment (with the controller's variables) as the manifest
     has them, and, for a process, as this machine runs them. `plans`: the job's pods, if
     its rules (`job_rules`) have already planned them."""
-    from operator_scripts.job_rules import rules_for
-
     inherited = _host_env(host_env)
     config_maps = {item["metadata"]["name"]: item for item in objects if item.get("kind") == "ConfigMap"}
     pods = []
