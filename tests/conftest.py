@@ -34,6 +34,8 @@ HELPERS = Path(__file__).parent / "helpers"
 AUDIT = HELPERS / "audit"
 sys.path.insert(0, str(HELPERS))  # the test plug-ins, importable in-process as in subprocesses
 
+from snapshot_folders import snapshot_steps  # noqa: E402 (importable once HELPERS is on the path)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _temporary_files_stay_in_pytests_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
@@ -63,14 +65,9 @@ def _snapshots_of_killed_runs_do_not_outlive_the_session() -> Iterator[None]:
         shutil.rmtree(entry, ignore_errors=True)
 
 
-def snapshot_steps(pod_folder: Path) -> list[int]:
-    """Steps of the snapshots in a local pod's own /dev/shm (its emptyDir folder). A folder
-    removed while it is listed (a snapshot replaced, or all dropped at the run's end) makes
-    this reading empty; the harness reads again at its next tick."""
-    try:
-        return sorted(int(path.name[5:]) for path in (pod_folder / "volumes" / "dshm").rglob("step-*"))
-    except FileNotFoundError:
-        return []
+def pod_snapshot_steps(pod_folder: Path) -> list[int]:
+    """Steps of the snapshots in a local pod's own /dev/shm (its emptyDir folder)."""
+    return snapshot_steps(pod_folder / "volumes" / "dshm")
 
 
 def freeze_pod_1_once_snapshotted(step: int, frozen: list[str]):
@@ -80,7 +77,7 @@ def freeze_pod_1_once_snapshotted(step: int, frozen: list[str]):
     from operator_scripts.local import freeze_pod
 
     def tick(pods) -> None:
-        if not frozen and min(max(snapshot_steps(pod.folder), default=0) for pod in pods) >= step:
+        if not frozen and min(max(pod_snapshot_steps(pod.folder), default=0) for pod in pods) >= step:
             freeze_pod(pods[1])
             frozen.append(pods[1].name)
 

@@ -16,7 +16,7 @@ import urllib.request
 
 import boto3
 import pytest
-from conftest import REPO, assert_lost_within, freeze_pod_1_once_snapshotted, serve_moto, snapshot_steps
+from conftest import REPO, assert_lost_within, freeze_pod_1_once_snapshotted, pod_snapshot_steps, serve_moto
 
 from operator_scripts import image_lock
 from operator_scripts.chart import merge_values, render
@@ -91,9 +91,9 @@ def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metri
         held: dict[str, int] = {}
 
         def kill_then_scrape(pods: list[LocalPod]) -> None:
-            worker_1, step = pods[1], max(snapshot_steps(pods[1].folder), default=0)
+            worker_1, step = pods[1], max(pod_snapshot_steps(pods[1].folder), default=0)
             if not killed and step >= 40:
-                held.update({pod.name: max(snapshot_steps(pod.folder), default=0) for pod in pods})
+                held.update({pod.name: max(pod_snapshot_steps(pod.folder), default=0) for pod in pods})
                 kill_pod(worker_1)
                 killed.append(worker_1.name)
             elif killed and not scraped and step >= 60:  # resumed, and past a progress line

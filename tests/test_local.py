@@ -19,9 +19,9 @@ from conftest import (
     assert_lost_within,
     free_port,
     load_checkpoint,
+    pod_snapshot_steps,
     process_env,
     run_torchrun,
-    snapshot_steps,
 )
 
 from operator_scripts.chart import merge_values, render
@@ -114,8 +114,8 @@ def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapsh
     held: dict[str, int] = {}
 
     def kill_worker_1_after_step_20(pods):
-        if not killed and max(snapshot_steps(pods[1].folder), default=0) >= 20:
-            held.update({pod.name: max(snapshot_steps(pod.folder), default=0) for pod in pods})
+        if not killed and max(pod_snapshot_steps(pods[1].folder), default=0) >= 20:
+            held.update({pod.name: max(pod_snapshot_steps(pod.folder), default=0) for pod in pods})
             kill_pod(pods[1])
             killed.append(pods[1].plan.name)
 

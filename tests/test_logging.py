@@ -3,6 +3,12 @@
 import io
 import json
 import logging
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
 
 from trainer.config import LogConfig
 from trainer.distributed.process_group import read_env
@@ -36,3 +42,28 @@ def test_only_rank_0_logs_info(monkeypatch):
     event(logger, "progress", "step 1")
     logger.warning("slow")
     assert stream.getvalue().count("\n") == 1 and "[rank 1] WARNING: slow" in stream.getvalue()
+
+
+WRITER = """
+import json, sys
+from trainer.telemetry.lines import write_line
+for n in range(400):
+    write_line(json.dumps({"writer": int(sys.argv[1]), "n": n, "stack": ["frame" * 300]}), sys.stdout)
+"""
+
+
+@pytest.mark.slow
+def test_processes_sharing_a_pipe_write_whole_lines():
+    """A pod's ranks and its watchdog share stdout, unbuffered in the image (PYTHONUNBUFFERED):
+    every line of three writers at once reaches the pipe whole, none split by another's."""
+    read, write = os.pipe()
+    writers = [
+        subprocess.Popen([sys.executable, "-u", "-c", WRITER, str(n)], cwd=REPO, stdout=write)
+        for n in range(3)
+    ]
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        lines = pipe.read().splitlines()
+    assert all(writer.wait(timeout=60) == 0 for writer in writers)
+    records = [json.loads(line) for line in lines]  # a split line is two records on one, or none
+    assert sorted((r["writer"], r["n"]) for r in records) == [(w, n) for w in range(3) for n in range(400)]

@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 from conftest import REPO, free_port, load_checkpoint, process_env, run_torchrun, torchrun_command
+from snapshot_folders import snapshot_steps
 
 from trainer.distributed.launch import signal_tree
 
@@ -104,10 +105,6 @@ def two_nodes(workdir, overrides: str, port: int) -> list[subprocess.Popen]:
     return nodes
 
 
-def snapshot_steps(folder) -> list[int]:
-    return sorted(int(path.name[5:]) for path in folder.rglob("step-*") if (path / "manifest.json").exists())
-
-
 @pytest.mark.slow
 def test_a_damaged_snapshot_on_one_node_is_skipped_for_the_other_nodes(workdir):
     """Both nodes lose their processes (not their memory); node a's newest snapshot is
@@ -118,18 +115,18 @@ def test_a_damaged_snapshot_on_one_node_is_skipped_for_the_other_nodes(workdir):
     first = two_nodes(workdir, overrides, free_port())
     shm_a, shm_b = workdir / "shm-a", workdir / "shm-b"
     deadline = time.monotonic() + 120
-    while min(max(snapshot_steps(shm_a), default=0), max(snapshot_steps(shm_b), default=0)) < 15:
+    while min(max(snapshot_steps(shm, complete=True), default=0) for shm in (shm_a, shm_b)) < 15:
         assert time.monotonic() < deadline and all(node.poll() is None for node in first), "no snapshots"
         time.sleep(0.05)
     for node in first:
         signal_tree(node.pid)
         node.communicate()
-    newest_a, *older_a = reversed(snapshot_steps(shm_a))
+    newest_a, *older_a = reversed(snapshot_steps(shm_a, complete=True))
     damaged = next(shm_a.rglob(f"step-{newest_a}")) / "checkpoint.pt"
     data = bytearray(damaged.read_bytes())
     data[len(data) // 2] ^= 0xFF
     damaged.write_bytes(bytes(data))
-    expected = max(max(snapshot_steps(shm_b)), *older_a[:1])
+    expected = max(max(snapshot_steps(shm_b, complete=True)), *older_a[:1])
 
     second = two_nodes(workdir, overrides, free_port())
     outputs = [node.communicate(timeout=240) for node in second]

@@ -6,7 +6,6 @@ pauses within 0.5 % of training time. A snapshot taken at one world size resumes
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import re
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port, process_env, run_torchrun, torchrun_command
+from snapshot_folders import snapshot_steps
 
 from trainer.checkpoint.snapshots import AUTO_FIRST, AUTO_MIN, PAUSE_BUDGET, SnapshotPacer, auto_interval
 from trainer.distributed.launch import signal_tree
@@ -68,8 +68,7 @@ class SnapshotWatcher:
     def _poll(self) -> None:
         while not self._stop.wait(0.002):
             for node, folder in self.folders.items():
-                with contextlib.suppress(OSError):  # a folder removed while it is listed
-                    self.seen[node].update(int(path.name[5:]) for path in folder.rglob("step-*"))
+                self.seen[node].update(snapshot_steps(folder))
 
 
 @pytest.mark.slow
@@ -142,14 +141,14 @@ def test_a_snapshot_taken_at_two_ranks_resumes_a_run_at_one(workdir):
     held = 0
     try:
         while agent.poll() is None and held < 20:
-            held = max((int(path.name[5:]) for path in shm.rglob("step-*")), default=0)
+            held = max(snapshot_steps(shm), default=0)
             time.sleep(0.005)
         signal_tree(agent.pid)
         agent.wait()
     finally:
         if agent.poll() is None:
             signal_tree(agent.pid)
-    held = max(int(path.name[5:]) for path in shm.rglob("step-*"))  # the newest, as killed
+    held = max(snapshot_steps(shm))  # the newest, as killed
     resumed = run_torchrun(["--config", "digits", "--set", overrides], workdir, nproc=1)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     origin = re.search(r"resumed from step (\d+) \(snapshot on [^,]+, (\d+) steps? lost\)", resumed.stdout)

@@ -46,6 +46,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.telemetry.lines import write_line
+
 SWITCH_ENV = "TRAINER_FORK_SERVER"
 PRELOAD = ("trainer.cli", "torch._dynamo")
 # read once, when torch or Python start: a child forked from a server started under other
@@ -153,7 +155,7 @@ def _outcome(pid: int, replies) -> int:
         while _alive(pid):
             time.sleep(POLL_S)
         say = f"trainer: the fork server ended before worker {pid}; its exit code is unknown"
-        print(say, file=sys.stderr)
+        write_line(say)
         return 1
     code = os.waitstatus_to_exitcode(ended["status"])
     if code >= 0:

@@ -51,6 +51,7 @@ from trainer.config import ConfigError
 from trainer.config.argparsing import OneLineParser
 from trainer.distributed.heartbeat import HEARTBEAT_DIR_ENV
 from trainer.distributed.liveness import serve_health
+from trainer.telemetry.lines import write_line
 
 EXIT_GAVE_UP = 1
 POLL_S = 0.2
@@ -169,7 +170,7 @@ def wait_for_host(host: str, port: str, timeout: float) -> bool:
 
 
 def _say(line: str) -> None:
-    print(f"ddp-launch: {line}", file=sys.stderr, flush=True)
+    write_line(f"ddp-launch: {line}")
 
 
 def container_exit_code(returncode: int) -> int:
@@ -238,7 +239,7 @@ def _say_error(fatal_file: Path) -> None:
     """The fatal error as rank 0 would have put it: one line, without the rank's prefix."""
     with contextlib.suppress(OSError):
         line = fatal_file.read_text().strip()
-        print(ERROR_PREFIX + line.partition(ERROR_PREFIX)[2], file=sys.stderr, flush=True)
+        write_line(ERROR_PREFIX + line.partition(ERROR_PREFIX)[2])
 
 
 def run_torchrun(
@@ -290,10 +291,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _, config = validate(trainer_arguments(torchrun_args))
         open_store(config.checkpoint).prepare()
     except ConfigError as error:
-        print(f"{ERROR_PREFIX}{error}", file=sys.stderr, flush=True)
+        write_line(f"{ERROR_PREFIX}{error}")
         return EXIT_CONFIG_ERROR
     if problem := own_name_problem():
-        print(f"ddp-launch: error: {problem}", file=sys.stderr, flush=True)
+        write_line(f"ddp-launch: error: {problem}")
         return EXIT_CONFIG_ERROR
     adopt_orphans()
     for sig in (signal.SIGTERM, signal.SIGINT):  # while waiting: leave at once

@@ -42,6 +42,7 @@ from pathlib import Path
 import psutil
 
 from trainer.distributed.heartbeat import STACK_SIGNAL, Record, read_records, stack_file
+from trainer.telemetry.lines import write_line
 
 STACK_WAIT_S = 0.5
 VERDICTS_FILE = "verdicts.json"
@@ -199,14 +200,14 @@ class Watchdog:
                 "state": state,
                 "stack": frames,
             }
-            print(json.dumps(document), flush=True)
+            write_line(json.dumps(document), sys.stdout)
             return
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         lines = [f"{stamp} watchdog: {message}"]
         if frames:
             lines.append(f"watchdog: rank {record.rank}'s main thread, most recent call first:")
             lines += [f"    {frame}" for frame in frames]
-        print("\n".join(lines), file=sys.stderr, flush=True)
+        write_line("\n".join(lines))
 
 
 def write_verdicts(folder: Path, now: float, states: dict[str, str]) -> None:
@@ -246,7 +247,7 @@ def watch(watchdog: Watchdog, poll_s: float, running: threading.Event) -> None:
         try:
             watchdog.check()
         except Exception as error:  # one bad look must not end the watching
-            print(f"watchdog: a check failed ({error!r}); watching on", file=sys.stderr, flush=True)
+            write_line(f"watchdog: a check failed ({error!r}); watching on")
         time.sleep(poll_s)
 
 
