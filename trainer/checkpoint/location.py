@@ -5,14 +5,12 @@ imported only for S3 runs."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from urllib.parse import urlparse
 
+from trainer.aws import split_s3_uri
 from trainer.checkpoint.store import CheckpointStore, LocalStore
 from trainer.config import CheckpointConfig, ConfigError
-
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
 def open_store(config: CheckpointConfig) -> CheckpointStore:
@@ -23,14 +21,13 @@ def open_store(config: CheckpointConfig) -> CheckpointStore:
     if not uri:
         raise ConfigError("checkpoint.uri", uri, "must be a directory, file:// or s3:// URI")
     if parsed.scheme == "s3":
-        if not _BUCKET.match(parsed.netloc):
-            raise ConfigError("checkpoint.uri", uri, "s3:// needs a valid bucket name: s3://bucket/prefix")
+        bucket, prefix = split_s3_uri("checkpoint.uri", uri)
         from trainer.checkpoint.s3 import S3Store  # boto3 is imported only for S3 runs
 
         return S3Store(
             uri,
-            parsed.netloc,
-            parsed.path,
+            bucket,
+            prefix,
             chunk_mb=config.multipart_chunk_mb,
             concurrency=config.max_concurrency,
             checksum=config.s3_checksum,

@@ -1,28 +1,22 @@
-"""An S3 (or S3-compatible) checkpoint store on boto3.
+"""An S3 (or S3-compatible) checkpoint store on boto3, reached as `trainer.aws` says.
 
-Endpoint, region and credentials come only from the standard AWS environment and
-credential chain (AWS_ENDPOINT_URL[_S3], AWS_REGION, keys, profiles, web identity/IRSA).
-Transient errors are retried by botocore's retry mode (`standard` unless AWS_RETRY_MODE
-says otherwise); large objects go up in parallel multipart with checksums that S3
-verifies on receipt (CRC32 by default, SHA256 on request), while the manifest's sha256
-covers each checkpoint end to end.
+Large objects go up in parallel multipart with checksums that S3 verifies on receipt (CRC32
+by default, SHA256 on request), while the manifest's sha256 covers each checkpoint end to end.
 """
 
 from __future__ import annotations
 
 import io
-import os
 import re
 import shutil
 import uuid
 from pathlib import Path
 from typing import BinaryIO
 
-import boto3
 from boto3.s3.transfer import TransferConfig
-from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
+from trainer.aws import error_code, s3_client
 from trainer.checkpoint.store import CheckpointStore
 from trainer.config import ConfigError
 
@@ -30,16 +24,6 @@ _STEP_PREFIX = re.compile(r"step-(\d+)/$")
 # a failed precondition (412), the loser of a race (409), an If-Match on a deleted key (404)
 _CONDITION_FAILED = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey", "404"}
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "AllAccessDisabled"}
-
-
-def _client_config() -> BotoConfig:
-    """Retries by botocore's own modes; the environment's AWS_RETRY_MODE/AWS_MAX_ATTEMPTS win."""
-    retries = {} if "AWS_RETRY_MODE" in os.environ else {"retries": {"mode": "standard", "max_attempts": 6}}
-    return BotoConfig(connect_timeout=10, read_timeout=60, **retries)
-
-
-def _code(error: ClientError) -> str:
-    return str(error.response.get("Error", {}).get("Code", ""))
 
 
 class S3Store(CheckpointStore):
@@ -53,7 +37,7 @@ class S3Store(CheckpointStore):
     ) -> None:
         self.uri, self.bucket, self.prefix = uri, bucket, prefix.strip("/")
         self.checksum = {"ChecksumAlgorithm": checksum}
-        self.client = boto3.client("s3", config=_client_config())
+        self.client = s3_client()
         self.transfer = TransferConfig(
             multipart_threshold=chunk_mb * 2**20,
             multipart_chunksize=chunk_mb * 2**20,
@@ -130,7 +114,7 @@ class S3Store(CheckpointStore):
         try:
             answer = self.client.get_object(Bucket=self.bucket, Key=self._key(name))
         except ClientError as error:
-            if _code(error) in {"404", "NoSuchKey"}:
+            if error_code(error) in {"404", "NoSuchKey"}:
                 return None
             raise
         return answer["Body"].read(), answer["ETag"]
@@ -142,7 +126,7 @@ class S3Store(CheckpointStore):
         try:
             answer = self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data, **condition)
         except ClientError as error:
-            if _code(error) in _CONDITION_FAILED:
+            if error_code(error) in _CONDITION_FAILED:
                 return None
             raise
         return str(answer["ETag"])
@@ -151,7 +135,7 @@ class S3Store(CheckpointStore):
         try:
             self.client.delete_object(Bucket=self.bucket, Key=self._key(name), IfMatch=version)
         except ClientError as error:
-            if _code(error) in _CONDITION_FAILED:
+            if error_code(error) in _CONDITION_FAILED:
                 return False
             raise
         return True

@@ -50,6 +50,20 @@ class SyntheticConfig:
 
 
 @dataclass(config=_SECTION)
+class ShardsConfig:
+    """`data.name=shards`: how shards are read (`trainer.data.shards`). An epoch shuffles the
+    shards, then the samples within each run of `block` shards; the next `prefetch` shards
+    a rank will need are fetched ahead by as many threads; downloaded shards stay in a
+    node-local folder (`cache_dir`, empty: one under the temporary directory) of at most
+    `cache_mb`, which the node's ranks share."""
+
+    block: PositiveInt = 4
+    prefetch: PositiveInt = 4
+    cache_dir: str = ""
+    cache_mb: PositiveInt = 4096
+
+
+@dataclass(config=_SECTION)
 class DataConfig:
     """Which dataset, how it is split and how it is loaded."""
 
@@ -63,6 +77,7 @@ class DataConfig:
     persistent_workers: bool = True
     prefetch_factor: PositiveInt = 2
     synthetic: SyntheticConfig = dataclasses.field(default_factory=SyntheticConfig)
+    shards: ShardsConfig = dataclasses.field(default_factory=ShardsConfig)
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 

@@ -35,7 +35,11 @@ class ResumableDistributedSampler(DistributedSampler):
         self.start_position = min(position, self.total_size)
 
     def global_order(self) -> list[int]:
-        """This epoch's order over all ranks (the one DistributedSampler deals from)."""
+        """This epoch's order over all ranks (the one DistributedSampler deals from), or the
+        dataset's own (`epoch_order(seed)`: one that keeps reads local, as shards do); either
+        depends on the seed and epoch only, never on the world size."""
+        if hasattr(self.dataset, "epoch_order"):
+            return self.dataset.epoch_order(self.seed + self.epoch)[: self.total_size]
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         return torch.randperm(len(self.dataset), generator=generator)[: self.total_size].tolist()
 
@@ -44,7 +48,10 @@ class ResumableDistributedSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         rest = self.global_order()[self.start_position :]
-        return iter(rest[self.rank : self._remaining() * self.num_replicas : self.num_replicas])
+        mine = rest[self.rank : self._remaining() * self.num_replicas : self.num_replicas]
+        if hasattr(self.dataset, "plan_reads"):  # what it fetches ahead
+            self.dataset.plan_reads(mine)
+        return iter(mine)
 
     def __len__(self) -> int:
         return self._remaining()
