@@ -1,11 +1,12 @@
 """`ddp-ops`: the operator's CLI for the chart's PyTorchJob.
 
-ddp-ops render  [-f VALUES] [--set K=V] [--release R] [-n NS]   manifests, as helm template
-ddp-ops submit  [-f VALUES] [--set K=V] [--release R] [-n NS] [--dry-run]   create or update, as apply
+ddp-ops render  [-f VALUES] [--set K=V] [--release R] [-n NS] [--code DIR]   manifests, as helm template
+ddp-ops submit  [-f VALUES] [--set K=V] [--release R] [-n NS] [--code DIR] [--dry-run]
+                                                                create or update, as apply
 ddp-ops status  JOB [-n NS]        conditions, replicas, restarts, age, rank 0's pod
 ddp-ops logs    JOB [-n NS] [-f]   rank 0's pytorch container
 ddp-ops delete  RELEASE [-n NS]    every object submit made for the release (its labels)
-ddp-ops local   [-f VALUES] [--set K=V] [--workdir DIR] [--delay POD=SECONDS] [--runtime docker]
+ddp-ops local   [-f VALUES] [--set K=V] [--code DIR] [--workdir DIR] [--delay POD=SECONDS] [--runtime docker]
                                                                 run the rendered job here
 """
 
@@ -21,8 +22,9 @@ from pathlib import Path
 
 import yaml
 
-from operator_scripts.chart import ValuesError, merge_values, render
+from operator_scripts.chart import ValuesError, deep_merge, merge_values, render
 from operator_scripts.cluster import Cluster, ClusterError, format_status
+from operator_scripts.code_bundle import CodeError, code_values
 from trainer.config.argparsing import OneLineParser, existing_file, positive_float
 
 HELM_COMMANDS = ("render", "submit", "local")
@@ -37,6 +39,13 @@ def _chart_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--release", default="ddp-run", help="release name (default ddp-run)")
     parser.add_argument("-n", "--namespace", default="default", help="namespace (default default)")
+    parser.add_argument(
+        "--code",
+        type=Path,
+        metavar="DIR",
+        help="ship a small local package (or a folder of modules) with the job, first on the pods' "
+        "PYTHONPATH, for plug-ins without an image build (at most 1 MiB)",
+    )
 
 
 def _job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,7 +131,10 @@ def _delay(text: str) -> tuple[str, float]:
 
 
 def _render(args: argparse.Namespace):
-    return render(merge_values(args.values, args.sets), release=args.release, namespace=args.namespace)
+    values = merge_values(args.values, args.sets)
+    if args.code is not None:
+        values = deep_merge(values, code_values(args.code))
+    return render(values, release=args.release, namespace=args.namespace)
 
 
 def _local(args: argparse.Namespace) -> int:
@@ -170,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return estimate(argv[1:])
     args = build_parser().parse_args(argv)
-    refusals: tuple[type[Exception], ...] = (ClusterError, ValuesError)
+    refusals: tuple[type[Exception], ...] = (ClusterError, ValuesError, CodeError)
     if importlib.util.find_spec("helm_python"):
         from helm_python import HelmError
 

@@ -35,6 +35,13 @@ KINDS = {
 RUNTIME_CACHE_WAIT_S = 10.0
 RUNTIME_NOT_YET = "must be created before the TrainJob is created"
 RELEASE_LABEL = "app.kubernetes.io/instance"  # on every object the chart renders (ddp.labels)
+# what cannot change in place, by kind: an update is refused with "field is immutable"
+IMMUTABLE = {
+    "TrainJob": "its trainer, runtimeRef and initializer cannot change (Trainer v2 makes them immutable)",
+    # the chart's code ConfigMap (immutable: true; ValidateConfigMapUpdate in kubernetes
+    # pkg/apis/core/validation/validation.go: "field is immutable when `immutable` is set")
+    "ConfigMap": "the code shipped with --code cannot change under running pods",
+}
 FIELD_MANAGER = "ddp-ops"
 BANNER = "rank 0 on host"
 
@@ -263,12 +270,11 @@ class Cluster:
                 if kind == "TrainJob" and RUNTIME_NOT_YET in str(error) and time.monotonic() < deadline:
                     time.sleep(0.5)
                     continue
-                if kind == "TrainJob" and "field is immutable" in str(error):
+                if kind in IMMUTABLE and "field is immutable" in str(error):
                     release = item["metadata"].get("labels", {}).get(RELEASE_LABEL, "RELEASE")
                     raise ClusterError(
-                        f"{what}: TrainJob {name} exists, and its trainer, runtimeRef and initializer "
-                        f"cannot change (Trainer v2 makes them immutable): ddp-ops delete {release} -n "
-                        f"{namespace}, then submit again; it resumes from the same checkpoints"
+                        f"{what}: {kind} {name} exists, and {IMMUTABLE[kind]}: ddp-ops delete {release} "
+                        f"-n {namespace}, then submit again; it resumes from the same checkpoints"
                     ) from None
                 raise
         return f"{kind.lower()}/{name} {'created' if status == 201 else 'configured'}"

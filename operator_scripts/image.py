@@ -7,6 +7,12 @@ the CPython the image's lock is resolved for) from `mmdebstrap`, imported as
 --ca) as a secret, for pip behind a TLS-intercepting proxy; nothing of it stays in the image.
 
     python -m operator_scripts.image [--tag TAG] [--base IMAGE] [--ca FILE]
+
+With `--plugin DIR` it builds a derived image instead: the package in DIR (its
+pyproject.toml at the top) installed on the trainer's image (`--base`, default the chart's),
+by the pattern in docs/examples/own-model/Dockerfile.
+
+    python -m operator_scripts.image --plugin DIR --tag TAG [--base IMAGE]
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 STANDIN = "ddp-trainer-base:standin-bookworm"
 PULL_TIMEOUT_S = 300  # the 50 MB base takes seconds where a registry answers
 STANDIN_PACKAGES = "python3,python3-venv,python3-pip,ca-certificates,netbase,tzdata"
+DERIVED_DOCKERFILE = REPO / "docs" / "examples" / "own-model" / "Dockerfile"
 
 
 def default_tag() -> str:
@@ -100,11 +107,27 @@ def choose_base(docker: Engine, requested: str | None) -> Base:
 def build(docker: Engine, tag: str, base: Base, ca: Path | None, context: Path = REPO) -> None:
     """docker build, its output streamed; builds run on the host's network (the private
     engine has no bridge), and the CA bundle goes in as the `pip_ca` secret."""
-    command = [docker.cli, "build", "--network", "host", "--tag", tag]
-    command += ["--build-arg", f"BASE_IMAGE={base.image}"]
+    command = ["--build-arg", f"BASE_IMAGE={base.image}"]
     if ca is not None:
         command += ["--secret", f"id=pip_ca,src={ca}"]
-    if subprocess.run([*command, str(context)], env=docker.env).returncode != 0:
+    _docker_build(docker, tag, [*command, str(context)])
+
+
+def build_derived(docker: Engine, tag: str, trainer_image: str, package: Path) -> None:
+    """The package at `package` on `trainer_image`, one small layer (DERIVED_DOCKERFILE)."""
+    if not (package / "pyproject.toml").is_file():
+        raise EngineError(
+            f"--plugin {package}: no pyproject.toml there; the folder must be an installable package"
+        )
+    if docker.run("image", "inspect", trainer_image, check=False).returncode != 0:
+        raise EngineError(f"the trainer's image {trainer_image} is not in the engine: run `make image` first")
+    arguments = ["--file", str(DERIVED_DOCKERFILE), "--build-arg", f"TRAINER_IMAGE={trainer_image}"]
+    _docker_build(docker, tag, [*arguments, str(package)])
+
+
+def _docker_build(docker: Engine, tag: str, arguments: list[str]) -> None:
+    command = [docker.cli, "build", "--network", "host", "--tag", tag, *arguments]
+    if subprocess.run(command, env=docker.env).returncode != 0:
         raise EngineError(f"docker build of {tag} failed (its output is above)")
 
 
@@ -161,11 +184,19 @@ def main(argv: list[str] | None = None) -> None:
         default=default_ca(),
         help="CA bundle for pip inside the build (default: $PIP_CERT when it names a file)",
     )
+    parser.add_argument(
+        "--plugin", type=Path, metavar="DIR", help="build a derived image of the package in DIR"
+    )
     args = parser.parse_args(argv)
     try:
         with engine() as docker:
             if docker.private:
                 print("image: no Docker engine answered; started a private dockerd (stopped at the end)")
+            if args.plugin is not None:
+                trainer_image = args.base or default_tag()
+                build_derived(docker, args.tag, trainer_image, args.plugin)
+                print(f"image: built {args.tag}: {args.plugin} on {trainer_image}")
+                return
             base = choose_base(docker, args.base)
             print(f"image: base {base.image} ({base.why})", flush=True)
             build(docker, args.tag, base, args.ca)

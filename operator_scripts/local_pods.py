@@ -8,6 +8,7 @@ The job's hosts table, through which pod names resolve while their pods run, is 
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import subprocess
@@ -130,11 +131,32 @@ def _mounts(
             target.chmod(0o777)
         mapped[mount["mountPath"]] = target
         if "configMap" in volume:
-            config_mounts.append((target, config_maps[volume["configMap"]["name"]]))
-    for target, config_map in config_mounts:
-        for key, text in config_map.get("data", {}).items():
-            (target / key).write_text(_localize_document(text, mapped) if localize else text)
+            config_mounts.append((target, volume["configMap"]))
+    for target, source in config_mounts:
+        for path, content in _projected(source, config_maps[source["name"]]).items():
+            (target / path).parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, str) and localize and path.endswith((".yaml", ".yml")):
+                content = _localize_document(content, mapped)
+            (target / path).write_bytes(content.encode() if isinstance(content, str) else content)
     return mapped, empty_dirs
+
+
+def _projected(source: dict[str, Any], config_map: dict[str, Any]) -> dict[str, str | bytes]:
+    """A ConfigMap volume's files as the kubelet projects them: every key under its own name,
+    or with `items` only those keys, each at its `path`; a key the ConfigMap lacks keeps the
+    pod from starting (pkg/volume/configmap/configmap.go, MakePayload: "references
+    non-existent config key")."""
+    contents: dict[str, str | bytes] = dict(config_map.get("data") or {})
+    for key, encoded in (config_map.get("binaryData") or {}).items():
+        contents[key] = base64.b64decode(encoded)
+    if "items" not in source:
+        return contents
+    projected = {}
+    for item in source["items"]:
+        if item["key"] not in contents:
+            raise LocalError(f"configmap {source['name']} references non-existent config key: {item['key']}")
+        projected[item["path"]] = contents[item["key"]]
+    return projected
 
 
 def _localize(value: str, mounts: dict[str, Path]) -> str:

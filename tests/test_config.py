@@ -84,7 +84,7 @@ BAD = [
     (["--set", "optim.lr=0"], "optim.lr=0", "greater than 0"),
     (["--set", "optim.lr=-1"], "optim.lr=-1", "greater than 0"),
     (["--set", "optim.lr_scaling=cubic"], "optim.lr_scaling='cubic'", "'none', 'linear' or 'sqrt'"),
-    (["--set", "data.name=imagenet"], "data.name='imagenet'", "allowed: digits, mnist, synthetic"),
+    (["--set", "data.name=imagenet"], "data.name='imagenet'", "allowed: digits, mnist, shards, synthetic"),
     (["--set", "model.name=resnet9000"], "model.name='resnet9000'", "allowed: cnn, mlp, transformer"),
     (["--set", "model.name=no_such_pkg.mod:build"], "model.name='no_such_pkg.mod:build'", "cannot import"),
     (["--set", "checkpoint.uri=gs://bucket/run"], "checkpoint.uri='gs://bucket/run'", "unsupported scheme"),

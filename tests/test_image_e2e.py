@@ -23,7 +23,7 @@ from operator_scripts.chart import merge_values, render
 from operator_scripts.docker_engine import Engine, building_cli
 from operator_scripts.docker_runtime import DockerRuntime
 from operator_scripts.image import REPO as IMAGE_CONTEXT
-from operator_scripts.image import build, choose_base, default_ca, default_tag, history
+from operator_scripts.image import build, build_derived, choose_base, default_ca, default_tag, history
 from operator_scripts.local import LocalPod, kill_pod, run
 
 pytestmark = pytest.mark.image
@@ -244,3 +244,37 @@ def test_a_code_change_rebuilds_under_5_mb_of_layers(docker, tmp_path):
 
 def layer_ids(docker: Engine, tag: str) -> list[str]:
     return docker.run("image", "inspect", "--format", '{{join .RootFS.Layers " "}}', tag).stdout.split()
+
+
+def test_a_derived_image_of_the_example_plugin_runs_the_chart_job(docker, tmp_path):
+    """The example package (docs/examples/own-model) built on the image by its Dockerfile
+    pattern: one layer of kilobytes on top, the image's user kept. The chart's CPU job on that
+    image trains the example's model on the example's data, as containers, to Succeeded."""
+    tag = "ddp-trainer-example:e2e"
+    build_derived(docker, tag, default_tag(), REPO / "docs" / "examples" / "own-model")
+    try:
+        base_layers, layers = layer_ids(docker, default_tag()), layer_ids(docker, tag)
+        added = history(docker, tag)[len(history(docker, default_tag())) :]
+        added_bytes = sum(entry.size for entry in added)
+        print(f"\nthe example package on the image: {added_bytes / 1e3:.0f} kB in {len(added)} steps")
+        assert layers[: len(base_layers)] == base_layers and added_bytes < 1e6
+        assert (
+            docker.run("image", "inspect", "--format", "{{.Config.User}}", tag).stdout.strip()
+            == "10001:10001"
+        )
+        job_name = "example-ddp-trainer"
+        with DockerRuntime(docker, job_name) as runtime, serve_moto(runtime.gateway) as endpoint:
+            bucket(endpoint)
+            values = chart_values(
+                endpoint, "example", 40, "image.repository=ddp-trainer-example,image.tag=e2e",
+                "trainer.config.data.name=wave_classifier.data:build_dataset,"
+                "trainer.config.model.name=wave_classifier.model:build_model",
+            )  # fmt: skip
+            rendered = render(values, release="example", namespace="training")
+            outcome = run(rendered.objects, tmp_path / "pods", timeout=300, host_env=SECRETS, runtime=runtime)
+            rank0_log = runtime.logs(f"{job_name}-worker-0")
+        print(outcome.summary())
+        assert outcome.status == "Succeeded", rank0_log[-3000:]
+        assert "wave_classifier.model:build_model" in rank0_log and "done: 40 steps" in rank0_log
+    finally:
+        docker.run("rmi", tag, check=False)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import load_checkpoint, process_env, run_torchrun, s3_env
-from fault_proxy import FaultProxy
 
+from benchmarks.fault_proxy import FaultProxy
 from trainer.distributed.launch import signal_tree
 
 SLOW = (

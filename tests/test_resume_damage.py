@@ -15,8 +15,8 @@ import sys
 import pytest
 import torch
 from conftest import free_port, process_env, run_torchrun, s3_env, torchrun_command
-from fault_proxy import FaultProxy
 
+from benchmarks.fault_proxy import FaultProxy
 from trainer.checkpoint import Checkpointer, CheckpointError, LocalStore, open_store
 from trainer.cli import refuse_overwrite
 from trainer.config import CheckpointConfig, ConfigError, load_config

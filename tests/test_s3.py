@@ -20,8 +20,8 @@ from conftest import (
     s3_env,
     torchrun_command,
 )
-from fault_proxy import FaultProxy
 
+from benchmarks.fault_proxy import FaultProxy
 from trainer.checkpoint import Checkpointer, CheckpointWriter, open_store
 from trainer.config import CheckpointConfig
 

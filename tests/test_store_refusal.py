@@ -11,7 +11,8 @@ import threading
 
 import pytest
 from conftest import json_records, s3_env, torchrun_command
-from fault_proxy import FaultProxy
+
+from benchmarks.fault_proxy import FaultProxy
 
 RUN = (
     "train.max_steps=80,log.format=json,log.every_steps=5,metrics.port=0,checkpoint.every_steps=20,"

@@ -18,8 +18,8 @@ import psutil
 import pytest
 import torch
 from conftest import json_records, process_env, s3_env, torchrun_command
-from fault_proxy import FaultProxy
 
+from benchmarks.fault_proxy import FaultProxy
 from trainer.config import WatchdogConfig
 from trainer.distributed.heartbeat import CHECKPOINT, STEP, VALIDATION, Heartbeat, PhaseLimits, read_records
 from trainer.distributed.watchdog import REJUDGE_S, RESTART_QUIET_S, VERDICTS_FILE, Watchdog

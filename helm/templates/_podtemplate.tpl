@@ -125,6 +125,11 @@ spec:
           value: /tmp
         - name: TMPDIR
           value: /tmp
+        {{- if .Values.trainer.code }}
+        # the code shipped with the job (ddp-ops --code), before the image's own packages
+        - name: PYTHONPATH
+          value: /opt/ddp-code
+        {{- end }}
         {{- with $s3.region }}
         - name: AWS_REGION
           value: {{ . | quote }}
@@ -165,6 +170,11 @@ spec:
           mountPath: /dev/shm
         - name: tmp
           mountPath: /tmp
+        {{- if .Values.trainer.code }}
+        - name: code
+          mountPath: /opt/ddp-code
+          readOnly: true
+        {{- end }}
         {{- if not $s3.bucket }}
         - name: checkpoints
           mountPath: /checkpoints
@@ -180,6 +190,16 @@ spec:
     - name: tmp
       emptyDir:
         sizeLimit: {{ .Values.tmpSize }}
+    {{- with .Values.trainer.code }}
+    - name: code
+      configMap:
+        name: {{ include "ddp.fullname" $ }}-code
+        items:
+          {{- range $index, $file := . }}
+          - key: {{ printf "f%04d" $index }}
+            path: {{ $file.path }}
+          {{- end }}
+    {{- end }}
     {{- if not $s3.bucket }}
     - name: checkpoints
       {{- if .Values.checkpoints.existingClaim }}

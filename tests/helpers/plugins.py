@@ -17,26 +17,39 @@ from torch.utils.data import Dataset
 from trainer.config import DataConfig, ModelConfig
 from trainer.data.base import DataSpec, DataSplits
 from trainer.data.digits import build_digits
+from trainer.data.shards import build_shards
 
 
-class SlowDataset(Dataset):
-    def __init__(self, inner: Dataset, delay_s: float) -> None:
-        self.inner, self.delay_s = inner, delay_s
+class Through(Dataset):
+    """A dataset read through another: what the wrapper does not define is the inner one's
+    (a sharded dataset's `epoch_order` and `plan_reads`, which the sampler looks for)."""
+
+    def __init__(self, inner: Dataset) -> None:
+        self.inner = inner
 
     def __len__(self) -> int:
         return len(self.inner)
+
+    def __getattr__(self, name: str):
+        if name == "inner":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+class SlowDataset(Through):
+    def __init__(self, inner: Dataset, delay_s: float) -> None:
+        super().__init__(inner)
+        self.delay_s = delay_s
 
     def __getitem__(self, index: int):
         time.sleep(self.delay_s)
         return self.inner[index]
 
 
-class RecordingDataset(Dataset):
+class RecordingDataset(Through):
     def __init__(self, inner: Dataset, record: Path) -> None:
-        self.inner, self.record = inner, record
-
-    def __len__(self) -> int:
-        return len(self.inner)
+        super().__init__(inner)
+        self.record = record
 
     def __getitem__(self, index: int):
         with open(self.record, "a") as handle:
@@ -50,9 +63,20 @@ def slow_digits(config: DataConfig, seed: int) -> DataSplits:
 
 
 def recording_digits(config: DataConfig, seed: int) -> DataSplits:
-    splits = build_digits(config, seed)
+    return _recorded(build_digits(config, seed), config)
+
+
+def _recorded(splits: DataSplits, config: DataConfig) -> DataSplits:
     record = Path(config.options["record_dir"]) / f"rank{os.environ.get('RANK', '0')}.txt"
     return replace(splits, train=RecordingDataset(splits.train, record))
+
+
+def seen_shards(config: DataConfig, seed: int) -> DataSplits:
+    """`data.name=shards`, each training read `delay_s` slower, and recorded per rank under
+    `record_dir` when that option is given."""
+    splits = build_shards(config, seed)
+    splits = replace(splits, train=SlowDataset(splits.train, float(config.options.get("delay_s", 0))))
+    return _recorded(splits, config) if "record_dir" in config.options else splits
 
 
 def linear_model(config: ModelConfig, spec: DataSpec) -> nn.Module:

@@ -48,6 +48,9 @@ class Registry(Generic[Builder]):
             module = importlib.import_module(module_name)
         except ImportError as error:
             raise ConfigError(self.key, name, f"cannot import {module_name} ({error})") from None
+        except Exception as error:  # the module fails as it runs: a SyntaxError, a NameError at its top
+            why = f"{type(error).__name__}: {error}"
+            raise ConfigError(self.key, name, f"importing {module_name} failed ({why})") from None
         builder = getattr(module, attribute, None)
         if not callable(builder):
             raise ConfigError(self.key, name, f"{module_name} has no callable {attribute!r}")

@@ -1,0 +1,143 @@
+"""Your own model and data: the example plug-in package (docs/examples/own-model) shipped
+with the job by `--code DIR`, as the chart mounts it and `ddp-ops local` runs it; bad
+plug-ins and a folder too large for a ConfigMap are each one line."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO, process_env
+
+from operator_scripts.chart import deep_merge, merge_values, render
+from operator_scripts.code_bundle import CONFIGMAP_LIMIT, CodeError, code_values
+from operator_scripts.local import run
+from operator_scripts.local_pods import LocalError, _projected
+from trainer.config import ConfigError, DataConfig
+from trainer.config.registry import Registry
+
+EXAMPLE = REPO / "docs" / "examples" / "own-model"
+PACKAGE = EXAMPLE / "wave_classifier"
+CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"
+PLUGINS = (
+    "trainer.config.data.name=wave_classifier.data:build_dataset,"
+    "trainer.config.model.name=wave_classifier.model:build_model"
+)
+
+
+def test_a_package_ships_under_its_own_name_and_a_folder_of_modules_at_the_top(tmp_path):
+    files = code_values(PACKAGE)["trainer"]["code"]
+    assert {f["path"] for f in files} == {
+        "wave_classifier/__init__.py", "wave_classifier/data.py", "wave_classifier/model.py"
+    }  # fmt: skip
+    assert "def build_model" in next(f["data"] for f in files if f["path"].endswith("model.py"))
+    (tmp_path / "mods" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "mods" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0")
+    (tmp_path / "mods" / "a.py").write_text("A = 1\n")
+    (tmp_path / "mods" / "weights.bin").write_bytes(b"\xff\xfe")
+    files = code_values(tmp_path / "mods")["trainer"]["code"]
+    assert files == [{"path": "a.py", "data": "A = 1\n"}, {"path": "weights.bin", "binaryData": "//4="}]
+
+
+def test_a_folder_past_a_configmap_is_refused_in_one_line_naming_the_way_out(tmp_path):
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "table.py").write_text("#" * (CONFIGMAP_LIMIT + 1))
+    with pytest.raises(CodeError, match=r"^--code .*big: 1\.00 MiB, more than the 1 MiB a ConfigMap holds; "
+                                        r"build a derived image instead"):  # fmt: skip
+        code_values(tmp_path / "big")
+    completed = subprocess.run(
+        [sys.executable, "-m", "operator_scripts.cli", "render", "--code", str(tmp_path / "big")],
+        capture_output=True, text=True, env=process_env(),
+    )  # fmt: skip
+    assert completed.returncode == 2 and completed.stdout == ""
+    assert completed.stderr.strip().splitlines() == [
+        f"ddp-ops render: error: --code {tmp_path / 'big'}: 1.00 MiB, more than the 1 MiB a ConfigMap holds; "
+        "build a derived image instead (README, 'Your own model and data')"
+    ]
+
+
+def test_the_chart_mounts_shipped_code_first_on_the_path_and_nothing_without_it():
+    values = merge_values(files=[CPU_VALUES])
+    plain = render(values)
+    assert not [c for c in plain.of_kind("ConfigMap") if c["metadata"]["name"].endswith("-code")]
+    shipped = render(deep_merge(values, code_values(PACKAGE)))
+    (code,) = [c for c in shipped.of_kind("ConfigMap") if c["metadata"]["name"] == "ddp-run-ddp-trainer-code"]
+    assert code["immutable"] is True
+    spec = shipped.one("PyTorchJob")["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "code"]
+    projected = _projected(volume["configMap"], code)
+    assert projected == {f["path"]: f["data"] for f in code_values(PACKAGE)["trainer"]["code"]}
+    container = spec["containers"][0]
+    assert {"name": "PYTHONPATH", "value": "/opt/ddp-code"} in container["env"]
+    assert {"name": "code", "mountPath": "/opt/ddp-code", "readOnly": True} in container["volumeMounts"]
+
+
+def test_a_configmap_volume_naming_a_missing_key_keeps_the_pod_from_starting():
+    with pytest.raises(LocalError, match="configmap code references non-existent config key: f0009"):
+        _projected({"name": "code", "items": [{"key": "f0009", "path": "a.py"}]}, {"data": {"f0000": ""}})
+
+
+def test_a_plugin_module_that_fails_as_it_imports_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "needs_a_driver.py").write_text("raise RuntimeError('libcuda.so.1 not found')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = Registry("data.name", "dataset", ("config", "seed"))
+    with pytest.raises(ConfigError) as raised:
+        registry.resolve("needs_a_driver:build")
+    assert str(raised.value) == (
+        "data.name='needs_a_driver:build': importing needs_a_driver failed "
+        "(RuntimeError: libcuda.so.1 not found)"
+    )
+
+
+def test_the_example_dataset_is_the_same_on_every_rank_and_split_by_the_config():
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        from wave_classifier.data import build_dataset
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    one, two = build_dataset(DataConfig(), 0), build_dataset(DataConfig(), 1)
+    assert len(one.train) + len(one.val) + len(one.test) == 2048
+    assert all((one.train[i][0] == two.train[i][0]).all() for i in (0, 100))  # the run seed changes nothing
+    assert one.spec.input_shape == (1, 64) and one.spec.num_classes == 4
+
+
+@pytest.mark.slow
+def test_ddp_ops_local_trains_the_example_shipped_with_code(tmp_path):
+    """The user's command: `ddp-ops local --code DIR`, two pods, the plug-ins imported from
+    the shipped files alone (the pods' PYTHONPATH is the chart's, not this checkout's)."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "operator_scripts.cli", "local", "--code", str(PACKAGE), "-f", str(CPU_VALUES),
+         "--set", f"{PLUGINS},trainer.config.train.epochs=2", "--workdir", str(tmp_path / "pods"),
+         "--timeout", "180"],
+        env=process_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert completed.stdout.strip().splitlines()[-1].startswith("job ddp-run-ddp-trainer: Succeeded")
+    rank0 = (tmp_path / "pods" / "ddp-run-ddp-trainer-worker-0" / "log.txt").read_text()
+    assert "wave_classifier.model:build_model" in rank0 and "done: " in rank0, rank0[-2000:]
+
+
+@pytest.mark.slow
+def test_a_shipped_model_of_the_wrong_type_fails_the_job_at_once(tmp_path):
+    broken = tmp_path / "wave_classifier"
+    shutil.copytree(PACKAGE, broken)
+    model = broken / "model.py"  # a builder that returns its layers in a list
+    model.write_text(
+        model.read_text() + "\n\ndef build_model(config, spec):\n    return [nn.Linear(64, 4)]\n"
+    )
+    values = deep_merge(merge_values(files=[CPU_VALUES], sets=[PLUGINS]), code_values(broken))
+    started = time.monotonic()
+    outcome = run(
+        render(values, release="bad-run").objects, tmp_path / "pods", timeout=120, host_env=process_env()
+    )
+    assert time.monotonic() - started < 40
+    assert outcome.status == "Failed" and "exited with code 2, not retryable" in outcome.reason
+    assert (outcome.restarts, outcome.recreations) == (0, 0)
+    rank0 = outcome.logs["bad-run-ddp-trainer-worker-0"].read_text().strip()
+    assert rank0.splitlines()[-1] == (
+        "trainer: error: model.name='wave_classifier.model:build_model': "
+        "a model builder must return a torch.nn.Module"
+    ), rank0[-2000:]

@@ -1,0 +1,134 @@
+"""A sharded dataset in S3 (moto over HTTP) trained by the chart's job under `ddp-ops local`:
+two pods, each with its own shard cache in its /tmp, as two nodes would have. A pod lost
+mid-epoch costs a few steps and the job ends bit-exact against an uninterrupted run; a job
+resized from 2 pods to 1 and back reads every sample of the epoch once."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+import torch
+from conftest import (
+    HELPERS,
+    REPO,
+    S3Bucket,
+    assert_lost_within,
+    free_port,
+    load_checkpoint,
+    pod_snapshot_steps,
+    process_env,
+    run_torchrun,
+    s3_env,
+)
+
+from operator_scripts.chart import merge_values, render
+from operator_scripts.local import kill_pod, run
+from trainer.config import load_config
+from trainer.data import build_data
+from trainer.data.shards import build_shards
+from trainer.data.shards.source import open_source
+from trainer.data.shards.write import write_dataset
+
+PREFIX = "datasets/digits"
+CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"
+
+
+@pytest.fixture
+def shards_in_s3(s3_bucket: S3Bucket) -> str:
+    """The digits data as shards of 64 samples under the bucket's `datasets/digits`."""
+    write_dataset(build_data(load_config("digits").data, 0), open_source(s3_bucket.uri(PREFIX)),
+                  samples_per_shard=64, seed=0)  # fmt: skip
+    return s3_bucket.uri(PREFIX)
+
+
+def chart_values(s3_bucket: S3Bucket, data: str, *sets: str) -> dict:
+    """The CPU chart on the bucket: its endpoint and keys (one Secret) serve the dataset too."""
+    return merge_values(
+        files=[CPU_VALUES],
+        sets=[
+            f"checkpoints.s3.bucket={s3_bucket.name},checkpoints.s3.prefix=run,"
+            f"checkpoints.s3.endpoint={s3_bucket.endpoint},checkpoints.s3.region=us-east-1,"
+            f"checkpoints.s3.existingSecret=s3-keys,metrics.port={free_port()}",
+            f"trainer.config.data.name=plugins:seen_shards,trainer.config.data.path={data},"
+            "trainer.config.checkpoint.every_steps=1000,trainer.config.log.every_steps=10",
+            *sets,
+        ],
+    )
+
+
+def host_env() -> dict[str, str]:
+    env = process_env({"PYTHONPATH": os.pathsep.join([str(REPO), str(HELPERS)])})
+    env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    env.pop("AWS_ENDPOINT_URL", None)  # only what the chart sets reaches the pods
+    return env
+
+
+@pytest.mark.slow
+def test_a_pod_lost_mid_epoch_on_s3_shards_resumes_bit_exact(s3_bucket, shards_in_s3, tmp_path, workdir):
+    values = chart_values(
+        s3_bucket, shards_in_s3,
+        "trainer.config.data.options.delay_s=0.002,trainer.config.train.max_steps=60,"
+        "trainer.config.model.dropout=0.3",
+    )  # fmt: skip
+    rendered = render(values, release="ddp-run", namespace="training")
+    held: dict[str, int] = {}
+    killed: list[str] = []
+
+    def kill_worker_1_after_step_25(pods):  # epoch 2 of 3: 19 steps an epoch at 2 ranks
+        if not killed and max(pod_snapshot_steps(pods[1].folder), default=0) >= 25:
+            held.update({pod.name: max(pod_snapshot_steps(pod.folder), default=0) for pod in pods})
+            kill_pod(pods[1])
+            killed.append(pods[1].plan.name)
+
+    outcome = run(rendered.objects, tmp_path / "pods", timeout=200, on_tick=kill_worker_1_after_step_25,
+                  host_env=host_env())  # fmt: skip
+    logs = "".join(path.read_text() for path in outcome.logs.values())
+    assert outcome.status == "Succeeded" and killed, logs[-3000:]
+    resumed = re.findall(
+        r"resumed from step (\d+) \(snapshot on ddp-run-ddp-trainer-worker-0, (\d+) steps? lost", logs
+    )
+    assert len(resumed) == 1, logs[-3000:]
+    assert_lost_within(held, "ddp-run-ddp-trainer-worker-0", int(resumed[0][0]), int(resumed[0][1]), bound=5)
+    assert int(resumed[0][0]) > 19, "the kill was not mid-epoch 2"
+
+    (config_map,) = [c for c in rendered.of_kind("ConfigMap") if c["metadata"]["name"].endswith("-config")]
+    config = workdir / "config.yaml"
+    config.write_text(config_map["data"]["config.yaml"])
+    local = f"checkpoint.uri=reference,checkpoint.snapshot_dir={workdir / 'shm'},metrics.port=0"
+    reference = run_torchrun(
+        ["--config", str(config), "--set", local], workdir, env=s3_env(s3_bucket.endpoint)
+    )
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    expected, recovered = load_checkpoint(workdir / "reference"), s3_bucket.load("run")
+    assert expected["progress"] == recovered["progress"]
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, recovered["model"][name]), name
+
+
+@pytest.mark.slow
+def test_a_job_resized_from_two_pods_to_one_and_back_reads_the_epoch_once(s3_bucket, shards_in_s3, tmp_path):
+    """One epoch of 1257 samples, batch 32 a rank: 2 pods stop at step 5 (320 samples), 1 pod
+    goes on to step 12 (224 more), 2 pods finish the epoch (11 steps each, 704 more, the tail
+    of 9 dropped): 1248 distinct samples, the first 1248 of the epoch's order."""
+    record = tmp_path / "reads"
+    phases = [(2, 5), (1, 12), (2, 0)]
+    for number, (pods, max_steps) in enumerate(phases):
+        (record / str(number)).mkdir(parents=True)
+        values = chart_values(
+            s3_bucket, shards_in_s3,
+            f"cpuNodes={pods},trainer.config.train.epochs=1,trainer.config.train.max_steps={max_steps},"
+            f"trainer.config.data.options.record_dir={record / str(number)}",
+        )  # fmt: skip
+        objects = render(values, release="ddp-run", namespace="training").objects
+        outcome = run(objects, tmp_path / f"pods-{number}", timeout=200, host_env=host_env())
+        logs = "".join(path.read_text() for path in outcome.logs.values())
+        assert outcome.status == "Succeeded", logs[-3000:]
+    reads = [int(line) for path in sorted(record.rglob("rank*.txt")) for line in path.read_text().split()]
+    assert len(reads) == len(set(reads)) == 1248
+    config = load_config("digits", [f"data.name=shards,data.path={shards_in_s3}"]).data
+    config.shards.cache_dir = str(tmp_path / "cache")
+    order = build_shards(config, 0).train.epoch_order(0)
+    assert set(reads) == set(order[:1248])
+    assert s3_bucket.load("run")["progress"]["step"] == 5 + 7 + 11
