@@ -202,10 +202,8 @@ def test_a_run_whose_lease_is_taken_over_stops_and_publishes_nothing_more(s3_buc
         f"checkpoint.lease_s=1,log.format=json,checkpoint.snapshot_dir={workdir / 'shm'}"
     )
     run = launch(workdir, overrides, s3_env(s3_bucket.endpoint, TMPDIR=str(workdir)))
-    seen: list[dict] = []
-    reader = threading.Thread(
-        target=lambda: seen.extend(json.loads(line) for line in run.stdout if line[0] == "{")
-    )
+    lines: list[str] = []  # parsed once read: a broken line fails the test, not only its thread
+    reader = threading.Thread(target=lambda: lines.extend(run.stdout))
     reader.start()
     key = f"{prefix}/{LEASE_FILE}"
     deadline = time.monotonic() + 120
@@ -227,6 +225,7 @@ def test_a_run_whose_lease_is_taken_over_stops_and_publishes_nothing_more(s3_buc
         in stop
     )
     assert stop.endswith("and publishes nothing more")
+    seen = [json.loads(line) for line in lines if line[0] == "{"]
     assert "summary" not in [record.get("event") for record in seen]
     assert s3_bucket.latest_step(prefix) <= taken_at + 20  # at most the save already past its fence
     body = s3_bucket.client.get_object(Bucket=s3_bucket.name, Key=key)["Body"].read()

@@ -9,10 +9,12 @@ import sys
 
 import pytest
 from conftest import REPO
+from tqdm import tqdm
 
 from trainer.config import LogConfig
 from trainer.distributed.process_group import read_env
 from trainer.telemetry.log import JsonFormatter, TextFormatter, event, setup_logging
+from trainer.telemetry.progress import logs_above_the_bar
 
 
 def record(message: str, level=logging.INFO, **extra) -> logging.LogRecord:
@@ -67,3 +69,28 @@ def test_processes_sharing_a_pipe_write_whole_lines():
     assert all(writer.wait(timeout=60) == 0 for writer in writers)
     records = [json.loads(line) for line in lines]  # a split line is two records on one, or none
     assert sorted((r["writer"], r["n"]) for r in records) == [(w, n) for w in range(3) for n in range(400)]
+
+
+class Writes(io.StringIO):
+    """A stream that keeps each write call apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return super().write(text)
+
+
+@pytest.mark.parametrize(("on_a_terminal", "calls"), [(False, ["hello\n"]), (True, ["hello", "\n"])])
+def test_log_lines_are_one_write_unless_a_terminal_shows_the_bar(on_a_terminal, calls, monkeypatch):
+    """tqdm's redirect writes a line's text and its newline apart, which a shared unbuffered
+    stdout can split: only a terminal's bar gets it."""
+    stream, logger = Writes(), logging.getLogger("test-bar")
+    monkeypatch.setattr(sys, "stdout", stream)  # rank 0 logs to stdout
+    logger.handlers, logger.propagate = [logging.StreamHandler(sys.stdout)], False
+    bar = tqdm(total=1, file=io.StringIO(), disable=not on_a_terminal)
+    with bar, logs_above_the_bar(bar, logger):
+        logger.warning("hello")
+    assert [call for call in stream.calls if call] == calls

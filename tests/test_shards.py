@@ -5,6 +5,8 @@ node cache of bounded size; a missing, damaged or mis-indexed shard is one error
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -187,3 +189,21 @@ def test_shards_in_s3_read_as_from_a_folder(digits_shards, tmp_path, s3_bucket: 
     s3_bucket.client.delete_object(Bucket=s3_bucket.name, Key="data/digits/val/00001.safetensors")
     with pytest.raises(DataError, match=r"val/00001\.safetensors is missing"):
         build_data(shards_config(s3_bucket.uri("data/digits"), tmp_path), 0)
+
+
+def test_the_ranks_of_a_node_fetch_a_shard_once(digits_shards, tmp_path):
+    """Four readers at once (each its own open of the lock file, as each rank's process has):
+    one fetches, the others wait on the shard's lock and read what it wrote."""
+    index = parse_index((digits_shards / INDEX_FILE).read_bytes(), "here")
+    entry, fetched = index.train[0], []
+
+    def slow_fetch(name: str) -> bytes:
+        fetched.append(name)
+        time.sleep(0.3)
+        return (digits_shards / name).read_bytes()
+
+    caches = [ShardCache(tmp_path / "cache", 2**20, "here") for _ in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda cache: cache.get(entry, slow_fetch), caches))
+    assert fetched == [entry.file]
+    assert all(result == (digits_shards / entry.file).read_bytes() for result in results)

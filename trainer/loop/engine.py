@@ -16,7 +16,6 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
 
 from trainer.checkpoint import Checkpointer
 from trainer.checkpoint.policy import CheckpointPolicy, describe_holders
@@ -36,7 +35,14 @@ from trainer.loop.step import autocast_for, train_step
 from trainer.telemetry.banner import RunFacts, announce_start
 from trainer.telemetry.log import event
 from trainer.telemetry.metrics import Metrics, peak_flops
-from trainer.telemetry.progress import ProgressLog, RunShape, Window, progress_bar, summary_line
+from trainer.telemetry.progress import (
+    ProgressLog,
+    RunShape,
+    Window,
+    logs_above_the_bar,
+    progress_bar,
+    summary_line,
+)
 from trainer.telemetry.timing import CHECKPOINT, DATA, LOGGING, clock_for, lap_when_backward_ends, lapped
 
 
@@ -210,7 +216,7 @@ class Trainer:
         self.stop.start_training(self.device)
         self.clock.lap(None)  # the set-up before the first step is no step's
         try:
-            with bar, logging_redirect_tqdm(loggers=[self.log]):
+            with bar, logs_above_the_bar(bar, self.log):
                 while not self._finished():
                     self._train_epoch(bar, window)
                 self._report_progress()

@@ -3,17 +3,20 @@ next step runs, then logged, exported to the metrics and appended to the run's h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import resource
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from trainer.distributed.process_group import DistContext, wait_for_peers
 from trainer.telemetry.log import duration, event, plural
@@ -225,3 +228,16 @@ def progress_bar(context: DistContext, total_steps: int, step: int) -> tqdm:
         unit="step",
         dynamic_ncols=True,
     )
+
+
+@contextlib.contextmanager
+def logs_above_the_bar(bar: tqdm, logger: logging.Logger) -> Iterator[None]:
+    """While a terminal shows the bar, log lines go above it (tqdm's redirect). Elsewhere (a
+    pod's log, a pipe) the handlers stay as they are: tqdm writes a line's text and its
+    newline in two writes, which the other writers of a shared, unbuffered stdout
+    (PYTHONUNBUFFERED, as the image sets) can split; ours make one (trainer/telemetry/lines.py)."""
+    if bar.disable:
+        yield
+        return
+    with logging_redirect_tqdm(loggers=[logger]):
+        yield
