@@ -116,7 +116,7 @@ def test_ddp_ops_local_trains_the_example_shipped_with_code(tmp_path):
     )  # fmt: skip
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert completed.stdout.strip().splitlines()[-1].startswith("job ddp-run-ddp-trainer: Succeeded")
-    rank0 = (tmp_path / "pods" / "ddp-run-ddp-trainer-worker-0" / "log.txt").read_text()
+    rank0 = (tmp_path / "pods" / "ddp-run-ddp-trainer-worker-0" / "pytorch.log").read_text()
     assert "wave_classifier.model:build_model" in rank0 and "done: " in rank0, rank0[-2000:]
 
 

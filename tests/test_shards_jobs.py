@@ -112,20 +112,20 @@ def test_a_job_resized_from_two_pods_to_one_and_back_reads_the_epoch_once(s3_buc
     """One epoch of 1257 samples, batch 32 a rank: 2 pods stop at step 5 (320 samples), 1 pod
     goes on to step 12 (224 more), 2 pods finish the epoch (11 steps each, 704 more, the tail
     of 9 dropped): 1248 distinct samples, the first 1248 of the epoch's order."""
-    record = tmp_path / "reads"
     phases = [(2, 5), (1, 12), (2, 0)]
     for number, (pods, max_steps) in enumerate(phases):
-        (record / str(number)).mkdir(parents=True)
         values = chart_values(
             s3_bucket, shards_in_s3,
             f"cpuNodes={pods},trainer.config.train.epochs=1,trainer.config.train.max_steps={max_steps},"
-            f"trainer.config.data.options.record_dir={record / str(number)}",
+            "trainer.config.data.options.record_dir=/tmp/reads",  # in each pod's own /tmp
         )  # fmt: skip
         objects = render(values, release="ddp-run", namespace="training").objects
         outcome = run(objects, tmp_path / f"pods-{number}", timeout=200, host_env=host_env())
         logs = "".join(path.read_text() for path in outcome.logs.values())
         assert outcome.status == "Succeeded", logs[-3000:]
-    reads = [int(line) for path in sorted(record.rglob("rank*.txt")) for line in path.read_text().split()]
+    records = sorted(tmp_path.glob("pods-*/*/volumes/tmp/reads/rank*.txt"))
+    assert len(records) == 5  # 2 + 1 + 2 ranks
+    reads = [int(line) for path in records for line in path.read_text().split()]
     assert len(reads) == len(set(reads)) == 1248
     config = load_config("digits", [f"data.name=shards,data.path={shards_in_s3}"]).data
     config.shards.cache_dir = str(tmp_path / "cache")

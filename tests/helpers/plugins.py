@@ -31,8 +31,8 @@ class Through(Dataset):
         return len(self.inner)
 
     def __getattr__(self, name: str):
-        if name == "inner":  # not set yet (unpickling): no recursion
-            raise AttributeError(name)
+        if name == "inner" or name.startswith("__"):  # not set yet (unpickling); DataLoader's
+            raise AttributeError(name)  # __getitems__ would read past the wrapper
         return getattr(self.inner, name)
 
 
@@ -67,7 +67,9 @@ def recording_digits(config: DataConfig, seed: int) -> DataSplits:
 
 
 def _recorded(splits: DataSplits, config: DataConfig) -> DataSplits:
-    record = Path(config.options["record_dir"]) / f"rank{os.environ.get('RANK', '0')}.txt"
+    folder = Path(config.options["record_dir"])
+    folder.mkdir(parents=True, exist_ok=True)  # a pod's own /tmp starts empty
+    record = folder / f"rank{os.environ.get('RANK', '0')}.txt"
     return replace(splits, train=RecordingDataset(splits.train, record))
 
 

@@ -89,16 +89,28 @@ class ShardedDataset(Dataset):
         offset = index - self.starts[shard]
         return inputs[offset], targets[offset]
 
+    def __getitems__(self, indices: Sequence[int]) -> list[Tensors]:
+        """A batch (DataLoader's batched fetch): each shard it spans looked up once."""
+        shards = [self.shard_of(index) for index in indices]
+        loaded = {shard: self._shard(shard).result() for shard in dict.fromkeys(shards)}
+        batch = []
+        for index, shard in zip(indices, shards, strict=True):
+            inputs, targets = loaded[shard]
+            batch.append((inputs[index - self.starts[shard]], targets[index - self.starts[shard]]))
+        return batch
+
     def _shard(self, shard: int) -> Future[Tensors]:
-        """The shard's tensors (a future), and the window moved on to it: the next
-        `prefetch` shards of the plan requested, those a block behind released."""
+        """The shard's tensors (a future). The first read of a shard further along the plan
+        than any before moves the window: the next `block + prefetch` shards requested,
+        those more than a block behind released. Within a block a rank goes back and forth
+        between its shards; the window moves only forward."""
         with self._lock:
             place = self._place.get(shard, -1)
-            if place != self._current and place >= 0:
+            if place > self._current:
                 self._current = place
                 ahead = self._plan[place : place + self.block + self.prefetch]
                 keep = set(self._plan[max(0, place - self.block) : place]) | set(ahead)
-                for old in [s for s in self._loaded if s not in keep and s != shard]:
+                for old in [s for s in self._loaded if s not in keep]:
                     del self._loaded[old]
                 for upcoming in ahead:
                     self._request(upcoming)
