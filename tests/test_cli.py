@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 from conftest import REPO, free_port, process_env
+from k8s_rules import configmap_admission
 from loopback_api import status
 from object_api import ObjectApi
 from replay_api import ReplayApi
@@ -279,6 +280,34 @@ def test_submit_a_trainjob_runtime_first_an_immutable_change_is_one_line_and_del
             "trainingruntime/ddp-run-ddp-trainer deleted"
         )
         assert not api.objects
+
+
+def test_submit_with_code_creates_its_configmap_and_other_code_is_one_line_to_delete_first(
+    capsys, monkeypatch, tmp_path
+):
+    """`submit --code DIR` against the object model with the core API's rule for immutable
+    ConfigMaps: the code's ConfigMap is created with the job; the same code again is a
+    no-op; other code under the running job is one line saying to delete and submit again."""
+    package = tmp_path / "my_models"
+    package.mkdir()
+    (package / "__init__.py").write_text("VERSION = 1\n")
+    with ObjectApi(served=CHART_KINDS, admit=configmap_admission()) as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path)))
+        assert main(["submit", "-n", "training", "--code", str(package)]) == 0
+        assert "configmap/ddp-run-ddp-trainer-code created" in capsys.readouterr().out.splitlines()
+        assert main(["submit", "-n", "training", "--code", str(package)]) == 0
+        assert "configmap/ddp-run-ddp-trainer-code configured" in capsys.readouterr().out.splitlines()
+        (package / "__init__.py").write_text("VERSION = 2\n")
+        assert main(["submit", "-n", "training", "--code", str(package)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            "ddp-ops submit: error: apply ConfigMap training/ddp-run-ddp-trainer-code: ConfigMap "
+            "ddp-run-ddp-trainer-code exists, and the code shipped with --code cannot change under "
+            "running pods: ddp-ops delete ddp-run -n training, then submit again; it resumes from the "
+            "same checkpoints"
+        ]
+        stored = api.objects[("training", "configmaps", "ddp-run-ddp-trainer-code")]
+        assert stored["data"] == {"f0000": "VERSION = 1\n"}
 
 
 def test_submit_a_trainjob_without_trainer_installed_says_what_to_install(capsys, monkeypatch, tmp_path):

@@ -1,5 +1,6 @@
 """What the Kubeflow training operator v1.9.4 accepts: its CRD schema made strict, and its
-webhook's rules plus the cautions of docs/facts.md, as checks on a PyTorchJob."""
+webhook's rules plus the cautions of docs/facts.md, as checks on a PyTorchJob; and the core
+API's rule for the chart's immutable ConfigMap."""
 
 from __future__ import annotations
 
@@ -84,3 +85,23 @@ def webhook_problems(job: dict) -> list[str]:
         if not isinstance(command, list) or command[:1] != ["ddp-launch"]:
             problems.append(f"{kind}: command must be exec-form ddp-launch (which runs torchrun)")
     return problems
+
+
+def configmap_admission():
+    """An `ObjectApi` admission with the core API's rule for an immutable ConfigMap (the
+    chart's `--code` one): its data and binaryData never change, ValidateConfigMapUpdate in
+    kubernetes pkg/apis/core/validation/validation.go, worded as the API server words it."""
+    from loopback_api import status
+
+    def admit(key, stored, applied, objects):
+        _, plural, name = key
+        if plural != "configmaps" or stored is None or not stored.get("immutable"):
+            return None
+        if any(stored.get(field) != applied.get(field) for field in ("data", "binaryData")):
+            message = (
+                f'ConfigMap "{name}" is invalid: data: Forbidden: field is immutable when `immutable` is set'
+            )
+            return 422, status(422, "Invalid", message)
+        return None
+
+    return admit
