@@ -43,8 +43,28 @@ def test_the_pacer_settles_on_steady_costs_and_ignores_small_moves():
     pacer, interval = SnapshotPacer(), AUTO_FIRST
     for _ in range(30):
         interval = pacer.propose(interval, 0.003, 0.005, 0.006)
-    assert interval == auto_interval(0.003, 0.005, 0.006) == 100
-    assert pacer.propose(interval, 0.0033, 0.005, 0.006) == interval  # +10 %: within the deadband
+    target = auto_interval(0.003, 0.005, 0.006)
+    assert target == 100 and abs(interval - target) <= SnapshotPacer.DEADBAND * interval
+    assert pacer.propose(interval, 0.003, 0.005, 0.006) == interval  # settled
+    at_target = SnapshotPacer()
+    assert at_target.propose(target, 0.003, 0.005, 0.006) == target
+    assert at_target.propose(target, 0.0033, 0.005, 0.006) == target  # +10 %: within the deadband
+
+
+def test_one_slow_pause_at_most_doubles_the_interval_and_later_snapshots_bring_it_back():
+    """A first snapshot paused 1 s (a loaded machine) on 14 ms steps would ask for one every
+    14,000 steps, and no later snapshot would come to correct it."""
+    pacer = SnapshotPacer()
+    assert auto_interval(1.0, 0.05, 0.014) > 14_000
+    interval = pacer.propose(AUTO_FIRST, 1.0, 0.05, 0.014)
+    assert interval == 2 * AUTO_FIRST
+    seen = [interval]
+    for _ in range(30):  # each proposal follows a window that held a snapshot
+        interval = pacer.propose(interval, 0.003, 0.005, 0.006)
+        seen.append(interval)
+    assert all(later <= 2 * earlier for earlier, later in itertools.pairwise(seen))
+    target = auto_interval(0.003, 0.005, 0.006)  # back within the deadband of the steady costs'
+    assert abs(interval - target) <= SnapshotPacer.DEADBAND * interval
 
 
 class SnapshotWatcher:

@@ -133,9 +133,12 @@ def auto_interval(pause_s: float, writer_s: float, step_s: float) -> int:
 class SnapshotPacer:
     """snapshot_every_steps=auto on rank 0: the interval from costs smoothed over progress
     windows (one window holds one or two snapshots, each a noisy sample), changed only
-    when it moves by more than a quarter."""
+    when it moves by more than a quarter, and growing at most twofold at a time. Costs are
+    sampled only in windows that hold a snapshot, so one slow pause (a loaded machine, the
+    first touch of shared memory) must not set an interval longer than the run: no snapshot
+    would come to correct it (CI: snapshots at steps 20 and 40, then none in 720 steps)."""
 
-    SMOOTHING, DEADBAND = 0.3, 0.25
+    SMOOTHING, DEADBAND, MAX_GROWTH = 0.3, 0.25, 2
 
     def __init__(self) -> None:
         self.costs: list[float] | None = None  # smoothed pause, writer and step seconds
@@ -144,7 +147,7 @@ class SnapshotPacer:
         sample = [pause_s, writer_s, step_s]
         old = self.costs or sample
         self.costs = [was + self.SMOOTHING * (now - was) for was, now in zip(old, sample, strict=True)]
-        candidate = auto_interval(*self.costs)
+        candidate = min(auto_interval(*self.costs), self.MAX_GROWTH * current)
         return candidate if abs(candidate - current) > self.DEADBAND * current else current
 
 
