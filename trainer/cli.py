@@ -8,7 +8,6 @@ import hashlib
 import logging
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from trainer.distributed.watchdog import start_watchdog
 from trainer.loop.engine import Trainer
 from trainer.loop.plan import steps_per_epoch
 from trainer.models import MODELS, build_model
+from trainer.telemetry.lines import write_line
 from trainer.telemetry.log import setup_logging
 from trainer.telemetry.metrics import prepare_multiprocess_dir, start_metrics
 
@@ -111,8 +111,7 @@ def report(error: ConfigError, context: DistContext) -> int:
     """One line on stderr (rank-prefixed off rank 0), and the launcher told not to retry."""
     prefix = "" if context.is_main else f"[rank {context.rank}] "
     line = f"{prefix}trainer: error: {error}"
-    sys.stderr.write(line + "\n")  # one write, so ranks sharing a pipe cannot interleave it
-    sys.stderr.flush()
+    write_line(line)  # one write, so ranks sharing a pipe cannot interleave it
     if FATAL_FILE_ENV in os.environ:
         with contextlib.suppress(OSError):
             Path(os.environ[FATAL_FILE_ENV]).write_text(line + "\n")

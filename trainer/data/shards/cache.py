@@ -21,6 +21,15 @@ from trainer.data.base import DataError
 from trainer.data.shards.index import ShardEntry
 
 
+def mismatch(entry: ShardEntry, data: bytes) -> str | None:
+    """How `data` differs from what the index says of the shard, or None."""
+    if len(data) != entry.bytes:
+        return f"{len(data)} bytes, the index says {entry.bytes}"
+    if hashlib.sha256(data).hexdigest() != entry.sha256:
+        return "its sha256 differs from the index"
+    return None
+
+
 def default_cache_dir() -> Path:
     return Path(tempfile.gettempdir()) / "ddp-trainer-shards"
 
@@ -51,23 +60,15 @@ class ShardCache:
             return data
 
     def _check(self, entry: ShardEntry, data: bytes) -> None:
-        if len(data) != entry.bytes:
-            raise DataError(
-                "data.path",
-                self.where,
-                f"{entry.file} is corrupt: {len(data)} bytes, the index says {entry.bytes}",
-            )
-        if hashlib.sha256(data).hexdigest() != entry.sha256:
-            raise DataError(
-                "data.path", self.where, f"{entry.file} is corrupt: its sha256 differs from the index"
-            )
+        if (problem := mismatch(entry, data)) is not None:
+            raise DataError("data.path", self.where, f"{entry.file} is corrupt: {problem}")
 
     def _read(self, path: Path, entry: ShardEntry) -> bytes | None:
         try:
             data = path.read_bytes()
         except OSError:
             return None
-        if len(data) != entry.bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
+        if mismatch(entry, data) is not None:
             path.unlink(missing_ok=True)  # damaged in the cache: fetch it again
             return None
         with contextlib.suppress(OSError):
