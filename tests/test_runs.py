@@ -370,7 +370,8 @@ def test_mid_epoch_resume_continues_the_epoch_order(workdir):
 @pytest.mark.slow
 def test_two_nodes_from_the_operators_pet_environment(workdir):
     """Two torchrun agents configured only by the PET_* variables that the Kubeflow operator
-    injects for an elastic c10d job, as two 'pods' on loopback."""
+    injects for an elastic c10d job, as two 'pods' on loopback, each with a temporary
+    folder of its own (its node-local cache and writer lock)."""
     from conftest import free_port
 
     pet = {
@@ -387,17 +388,20 @@ def test_two_nodes_from_the_operators_pet_environment(workdir):
         for c in torchrun_command([*QUICK, "--set", "train.max_steps=20"], launcher=[])
         if not c.startswith("--nproc_per_node")
     ]
-    nodes = [
-        subprocess.Popen(
-            command,
-            cwd=workdir,
-            env=process_env(pet),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+    nodes = []
+    for index in range(2):
+        tmp = workdir / f"tmp-{index}"
+        tmp.mkdir()
+        nodes.append(
+            subprocess.Popen(
+                command,
+                cwd=workdir,
+                env=process_env({**pet, "TMPDIR": str(tmp)}),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
         )
-        for _ in range(2)
-    ]
     outputs = [node.communicate(timeout=240) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], [err[-2000:] for _, err in outputs]
     banners = [out for out, _ in outputs if "rank 0 on host" in out]
