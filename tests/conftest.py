@@ -130,6 +130,15 @@ def process_env(extra: dict[str, str] | None = None, *, audit: bool = False) -> 
     return env
 
 
+def node_env(workdir: Path, node: str, extra: dict[str, str]) -> dict[str, str]:
+    """The environment of one of several torchrun agents on this host, each a 'node': a
+    temporary folder of its own, as a pod has its own /tmp (its node-local cache, writer lock
+    and heartbeats); sharing one, a second node's writer waited 60 s for the first's lock."""
+    tmp = workdir / f"tmp-{node}"
+    tmp.mkdir(exist_ok=True)
+    return process_env({**extra, "TMPDIR": str(tmp)})
+
+
 def run_trainer(
     args: Sequence[str], cwd: Path, *, env: dict[str, str] | None = None, timeout: float = 180
 ) -> subprocess.CompletedProcess:

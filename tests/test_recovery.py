@@ -13,7 +13,7 @@ import time
 
 import pytest
 import torch
-from conftest import REPO, free_port, load_checkpoint, process_env, run_torchrun, torchrun_command
+from conftest import REPO, free_port, load_checkpoint, node_env, process_env, run_torchrun, torchrun_command
 from snapshot_folders import snapshot_steps
 
 from trainer.distributed.launch import signal_tree
@@ -86,8 +86,7 @@ def test_with_every_snapshot_gone_the_store_is_used_and_the_loss_is_unknown(work
 
 def two_nodes(workdir, overrides: str, port: int) -> list[subprocess.Popen]:
     """Two torchrun agents as two nodes on loopback (the operator's PET_* variables), each
-    with a snapshot directory and a temporary folder of its own, as two pods have: in a
-    shared one, node b's writer waited 60 s for node a's writer lock of the location."""
+    with a snapshot directory and a temporary folder of its own, as two pods have."""
     pet = {
         "PET_NNODES": "2",
         "PET_NPROC_PER_NODE": "1",
@@ -102,10 +101,7 @@ def two_nodes(workdir, overrides: str, port: int) -> list[subprocess.Popen]:
         args = ["--config", "digits", "--set", f"{overrides},checkpoint.snapshot_dir={shm}"]
         command = [c for c in torchrun_command(args, launcher=[]) if not c.startswith("--nproc_per_node")]
         pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-        tmp = workdir / f"tmp-{name}"
-        tmp.mkdir(exist_ok=True)
-        env = process_env({**pet, "TMPDIR": str(tmp)})
-        nodes.append(subprocess.Popen(command, cwd=workdir, env=env, **pipes))
+        nodes.append(subprocess.Popen(command, cwd=workdir, env=node_env(workdir, name, pet), **pipes))
     return nodes
 
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from conftest import free_port, process_env, run_torchrun, s3_env, torchrun_command
+from conftest import AWS_TEST_ENV, free_port, node_env, process_env, run_torchrun, s3_env, torchrun_command
 
 from benchmarks.fault_proxy import FaultProxy
 from trainer.checkpoint import Checkpointer, CheckpointError, LocalStore, open_store
@@ -188,8 +188,7 @@ def test_a_node_that_cannot_read_the_resume_step_fails_every_rank_in_one_line(s3
     with FaultProxy(s3_bucket.endpoint, every=1, faults=("503",), matches=refused) as proxy:
         nodes = []
         for index, endpoint in enumerate([s3_bucket.endpoint, proxy.url]):
-            (workdir / f"node{index}").mkdir()
-            env = {**s3_env(endpoint), **pet, "TMPDIR": str(workdir / f"node{index}")}
+            env = node_env(workdir, str(index), {**AWS_TEST_ENV, "AWS_ENDPOINT_URL": endpoint, **pet})
             nodes.append(
                 subprocess.Popen(
                     command, cwd=workdir, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True

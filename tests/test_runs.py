@@ -372,7 +372,7 @@ def test_two_nodes_from_the_operators_pet_environment(workdir):
     """Two torchrun agents configured only by the PET_* variables that the Kubeflow operator
     injects for an elastic c10d job, as two 'pods' on loopback, each with a temporary
     folder of its own (its node-local cache and writer lock)."""
-    from conftest import free_port
+    from conftest import free_port, node_env
 
     pet = {
         "PET_NNODES": "2",
@@ -388,20 +388,17 @@ def test_two_nodes_from_the_operators_pet_environment(workdir):
         for c in torchrun_command([*QUICK, "--set", "train.max_steps=20"], launcher=[])
         if not c.startswith("--nproc_per_node")
     ]
-    nodes = []
-    for index in range(2):
-        tmp = workdir / f"tmp-{index}"
-        tmp.mkdir()
-        nodes.append(
-            subprocess.Popen(
-                command,
-                cwd=workdir,
-                env=process_env({**pet, "TMPDIR": str(tmp)}),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
+    nodes = [
+        subprocess.Popen(
+            command,
+            cwd=workdir,
+            env=node_env(workdir, str(index), pet),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
+        for index in range(2)
+    ]
     outputs = [node.communicate(timeout=240) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], [err[-2000:] for _, err in outputs]
     banners = [out for out, _ in outputs if "rank 0 on host" in out]
