@@ -30,9 +30,11 @@ $(INSTALLED): $(TRAINER)
 demo: $(TRAINER)
 	$(BIN)/ddp-launch -- --standalone --nproc_per_node=2 -m trainer --config digits
 
-## test: lint, then the whole suite (real torchrun processes on loopback)
+## test: lint, then the whole suite (real torchrun processes on loopback), side by side where
+## it is safe, then the tests that need the machine to themselves; its last line is its wall
+## time against its 20-minute budget (tests/suite.sh)
 test: $(INSTALLED) tools lint
-	$(BIN)/pytest
+	@sh tests/suite.sh $(BIN)/pytest
 
 ## test-quick: everything but the multi-process runs marked slow
 test-quick: $(INSTALLED) tools lint

@@ -124,6 +124,9 @@ class DockerRuntime:
             if self.engine.run("image", "inspect", image, check=False).returncode != 0:
                 raise LocalError(f"image {image} is not in the Docker engine: build it with `make image`")
 
+    def release(self) -> None:
+        """Nothing: the job's network and containers go when its context ends."""
+
     def command(self, pod: LocalPod) -> list[str]:
         """The container's own command and arguments: the image runs them as they are."""
         return pod.command

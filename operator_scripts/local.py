@@ -11,7 +11,8 @@ pod's user, capabilities and read-only root (`docker_runtime.DockerRuntime`). Th
 and kubelet model is the same for both.
 
 Process stand-ins, since there are no pods:
-- a pod's network namespace is a loopback address (127.0.0.2, .3, ...); each pod runs in a
+- a pod's network namespace is a loopback address (127.0.0.2, .3, ...), so one such run
+  at a time on a host (`process_runtime.claim_host_ports`); each pod runs in a
   UTS and mount namespace of its own (`unshare`) whose host name is the pod's name and
   whose /etc/hosts is the job's table of running pods (`pod_sandbox`), so that a pod's
   name resolves exactly while its process runs, as a headless Service's does while its pod
@@ -219,20 +220,20 @@ def run(
     pods = prepare(objects, workdir, runtime, host_env, plans=rules.plans())
     start_delays = resolve_delays(rules.name, pods, delays or {})
     hosts = HostsTable(workdir / "etc-hosts")
-    runtime.check(pods, hosts)
     rank0 = next(p for p in pods if p.plan.is_rank0)
     stop = threading.Event()
     follower = None
-    if stream is not None:
-        follower = threading.Thread(target=_follow, args=(rank0.log_path, stream, stop), daemon=True)
-        follower.start()
-    started = time.monotonic()
-    for pod in pods:
-        pod.start_at = started + start_delays.get(pod.name, 0.0)
     condition = JobCondition("Running")
     deleted: list[str] = []
     kept: list[str] = []
+    runtime.check(pods, hosts)
     try:
+        if stream is not None:
+            follower = threading.Thread(target=_follow, args=(rank0.log_path, stream, stop), daemon=True)
+            follower.start()
+        started = time.monotonic()
+        for pod in pods:
+            pod.start_at = started + start_delays.get(pod.name, 0.0)
         while condition.status == "Running":
             now = time.monotonic()
             if now - started > timeout:
@@ -275,6 +276,7 @@ def run(
         stop.set()
         if follower is not None:
             follower.join(timeout=5)
+        runtime.release()
     return LocalOutcome(
         job=rules.name,
         status=condition.status,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,9 @@ from trainer.distributed.launch import signal_tree
 
 # the project's console scripts, run with this interpreter
 CONSOLE_SCRIPTS = {"torchrun": "torch.distributed.run", "ddp-launch": "trainer.distributed.launch"}
+# the claim of this host's ports, an abstract Unix socket: the kernel refuses a second bind
+# and frees the name when its holder exits, so a killed run leaves nothing behind
+PORTS_CLAIM = "\0ddp-ops-local-pods"
 
 
 def sandbox_command(hostname: str, hosts: HostsTable, shm: Path | None = None) -> list[str]:
@@ -32,16 +36,42 @@ def sandbox_command(hostname: str, hosts: HostsTable, shm: Path | None = None) -
     ]  # fmt: skip
 
 
+def claim_host_ports() -> socket.socket:
+    """Pods of this runtime share the host's network, and the rendezvous store listens on
+    every address (a TrainJob's on 29500, trainjob_env.MASTER_PORT), so two runs at once
+    would join each other's rendezvous: the second is refused before any pod starts."""
+    claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        claim.bind(PORTS_CLAIM)
+    except OSError:
+        claim.close()
+        raise LocalError(
+            "another `ddp-ops local` run on this host holds the pods' ports (their rendezvous "
+            "store listens on every address): wait for it to end, or use --runtime docker"
+        ) from None
+    return claim
+
+
 class ProcessRuntime:
-    """Each pod a process tree in namespaces of its own, on a loopback address."""
+    """Each pod a process tree in namespaces of its own, on a loopback address; one run on
+    the host at a time (`claim_host_ports`)."""
 
     localizes_paths = True
+
+    def __init__(self) -> None:
+        self._claim: socket.socket | None = None
 
     def address(self, index: int) -> str:
         return f"127.0.0.{index + 2}"
 
     def check(self, pods: list[LocalPod], hosts: HostsTable) -> None:
         check_sandbox(hosts)
+        self._claim = claim_host_ports()
+
+    def release(self) -> None:
+        if self._claim is not None:
+            self._claim.close()
+            self._claim = None
 
     def command(self, pod: LocalPod) -> list[str]:
         """The image's console scripts are this interpreter's; metrics and ddp-launch's

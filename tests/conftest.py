@@ -53,16 +53,36 @@ def _temporary_files_stay_in_pytests_folder(tmp_path_factory: pytest.TempPathFac
     tempfile.tempdir = None
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _snapshots_of_killed_runs_do_not_outlive_the_session() -> Iterator[None]:
+SNAPSHOT_ROOT = Path(CheckpointConfig().snapshot_dir)
+SNAPSHOTS_BEFORE = pytest.StashKey[set[Path]]()
+
+
+def _is_controller(config: pytest.Config) -> bool:
+    """The one process of a test run that is not an xdist worker: session-wide clean-up
+    belongs there, or a worker that ends early would remove what another's test still uses."""
+    return not hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _is_controller(session.config):
+        before = set(SNAPSHOT_ROOT.iterdir()) if SNAPSHOT_ROOT.is_dir() else set()
+        session.config.stash[SNAPSHOTS_BEFORE] = before
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
     """Runs killed on purpose leave node-local snapshots in /dev/shm (the default
-    `checkpoint.snapshot_dir`), as a real node would keep them; the session removes those
-    its tests made, so that memory is not held after it."""
-    root = Path(CheckpointConfig().snapshot_dir)
-    before = set(root.iterdir()) if root.is_dir() else set()
-    yield
-    for entry in set(root.iterdir()) - before if root.is_dir() else ():
+    `checkpoint.snapshot_dir`), as a real node would keep them; the test run removes those
+    its tests made, once every worker is done, so that memory is not held after it."""
+    before = session.config.stash.get(SNAPSHOTS_BEFORE, None)
+    if before is None or not SNAPSHOT_ROOT.is_dir():
+        return
+    for entry in set(SNAPSHOT_ROOT.iterdir()) - before:
         shutil.rmtree(entry, ignore_errors=True)
+
+
+# `ddp-ops local`'s process runtime holds the host's ports (process_runtime.claim_host_ports):
+# the tests that run it share one xdist worker, one after another
+LOCAL_PODS = pytest.mark.xdist_group("local-pods")
 
 
 def pod_snapshot_steps(pod_folder: Path) -> list[int]:

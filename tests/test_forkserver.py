@@ -21,6 +21,8 @@ from benchmarks.fault_trials import same_state
 from trainer.distributed.forkserver import listening, socket_path
 from trainer.distributed.launch import signal_tree
 
+# the server imports at idle CPU priority: beside other tests it may not listen for minutes
+pytestmark = pytest.mark.alone
 RUN = (
     "data.name=plugins:slow_digits,data.options.delay_s=0.002,model.dropout=0.3,train.max_steps=100,"
     "checkpoint.every_steps=1000,checkpoint.snapshot_every_steps=5,log.every_steps=1,log.format=json,"

@@ -171,7 +171,9 @@ def launch(workdir: Path, overrides: str, env: dict) -> subprocess.Popen:
 @pytest.mark.slow
 def test_a_second_run_on_the_same_location_is_refused_in_one_line_and_writes_nothing(workdir):
     uri = workdir / "checkpoints"
-    slow = "data.name=plugins:slow_digits,data.options.delay_s=0.005"  # 0.16 s a step: ~15 s in all
+    # 0.64 s a step, ~60 s in all (sleeping, not computing): longer than the second run's
+    # start-up on a busy machine, which took over 15 s with the suite's workers side by side
+    slow = "data.name=plugins:slow_digits,data.options.delay_s=0.02"
     overrides = f"{slow},checkpoint.uri={uri},metrics.port=0,train.epochs=5,checkpoint.snapshot_dir="
     overrides += f"{workdir}/a"
     first = launch(workdir, overrides, process_env())

@@ -10,11 +10,13 @@ import re
 import subprocess
 import sys
 import time
+from contextlib import closing
 
 import pytest
 import torch
 from conftest import (
     HELPERS,
+    LOCAL_PODS,
     REPO,
     assert_lost_within,
     free_port,
@@ -28,9 +30,11 @@ from operator_scripts.chart import merge_values, render
 from operator_scripts.docker_engine import Engine
 from operator_scripts.docker_runtime import DockerRuntime
 from operator_scripts.local import kill_pod, run
-from operator_scripts.local_pods import HostsTable, prepare
+from operator_scripts.local_pods import HostsTable, LocalError, prepare
 from operator_scripts.operator_env import injected_env, plan_pods, rank0_selector
+from operator_scripts.process_runtime import claim_host_ports
 
+pytestmark = LOCAL_PODS
 CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"
 KINDS = ["PyTorchJob", "TrainJob"]
 DONE = {"PyTorchJob": "Succeeded", "TrainJob": "Complete"}  # the condition each kind shows
@@ -347,11 +351,19 @@ def test_a_job_that_keeps_failing_ends_after_exactly_its_backoff_limit(tmp_path,
 
 @pytest.mark.slow
 def test_master_and_worker_mode_runs_locally(tmp_path):
+    """Once no other local run holds the host's ports: while one does, this run is refused
+    in one line before any pod starts."""
     values = merge_values(
         files=[CPU_VALUES], sets=[f"mode=fixed,metrics.port={free_port()},trainer.config.train.max_steps=15"]
     )
     rendered = render(values, release="fixed-run", namespace="training")
     assert list(rendered.one("PyTorchJob")["spec"]["pytorchReplicaSpecs"]) == ["Master", "Worker"]
+    with (
+        closing(claim_host_ports()),
+        pytest.raises(LocalError, match="another `ddp-ops local` run on this host"),
+    ):
+        run(rendered.objects, tmp_path / "refused", host_env=process_env())
+    assert not list((tmp_path / "refused").glob("*/*.log")), "a pod started"
     lines: list[str] = []
     outcome = run(
         rendered.objects, tmp_path / "pods", timeout=200, stream=lines.append, host_env=process_env()

@@ -129,6 +129,7 @@ def steps_per_check(progress: list[dict], min_interval_ms: float = 20.0) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_sigterm_on_steps_of_a_few_ms_stops_within_two_checks_and_the_restart_is_bit_exact(workdir):
     """Digits steps take 3-7 ms, so the ranks agree on stopping only every few steps: the stop
     comes within two check spans of the signal (bounded by the run's own fastest step), is

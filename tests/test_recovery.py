@@ -20,6 +20,7 @@ from trainer.distributed.launch import signal_tree
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_seeded_fault_trials_lose_at_most_the_snapshot_interval_and_end_bit_identical():
     """`benchmarks.fault_trials` (2 of its 10 trials): SIGKILL a random rank at a
     random step under `torchrun --max-restarts=1`, once the agent's fork server listens;

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import (
+    free_port,
     kill_rank_when,
     load_checkpoint,
     process_env,
@@ -117,7 +118,9 @@ def test_bf16_autocast_and_loader_workers_on_cpu(workdir):
 
 
 def test_json_log_lines(workdir):
-    completed = run_trainer([*QUICK, "--set", "train.max_steps=10,log.format=json"], workdir)
+    # a port of its own: on the default one, a run beside it would make this one warn
+    overrides = f"train.max_steps=10,log.format=json,metrics.port={free_port()}"
+    completed = run_trainer([*QUICK, "--set", overrides], workdir)
     assert completed.returncode == 0, completed.stderr[-3000:]
     documents = [json.loads(line) for line in completed.stdout.splitlines()]
     events = [document["event"] for document in documents if document["event"] != "metrics"]

@@ -221,6 +221,7 @@ def resumed_from(seen: list[dict]) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_stopped_rank_is_found_within_seconds_and_the_run_ends_bit_exact(workdir, reference):
     uri = workdir / "checkpoints"
     overrides = f"{RUN},checkpoint.uri={uri},checkpoint.snapshot_dir={workdir / 'snapshots'}"

@@ -15,6 +15,7 @@ torch 2.13): the save must be published before then.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
@@ -68,6 +69,15 @@ class StopSignal:
     def install(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._handle)
+        atexit.register(self._uninstall)
+
+    @staticmethod
+    def _uninstall() -> None:
+        """Once the interpreter exits, a signal ends the process as by default: raised in
+        an exit callback (torch's library finalizers), SystemExit would print a traceback of
+        a process that was ending anyway (seen when torchrun stopped a rank as it exited)."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_DFL)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is not None:

@@ -1,0 +1,30 @@
+#!/bin/sh
+# `make test`: the whole suite in two parts, then its wall time against its budget.
+#  1. every test but the `alone` ones, side by side on xdist workers: most of a test is
+#     waiting (process start-ups, back-offs, timeouts), and the waits overlap; the tests of
+#     `ddp-ops local`'s process runtime share one worker (tests/conftest.py, LOCAL_PODS);
+#  2. the `alone` tests, one at a time, with the machine to themselves.
+# Each part prints its slowest tests, so a slow newcomer shows where it lands.
+# Usage: suite.sh PYTEST [PYTEST ARGS...]
+set -u
+PYTEST=$1
+shift
+WORKERS=${TEST_WORKERS:-4}
+BUDGET_S=1200
+started=$(date +%s)
+
+# pytest exits 5 when a part selects no test (a path given that holds none of its tests)
+"$PYTEST" -n "$WORKERS" --dist loadgroup -m "not alone and not image" --durations=25 "$@"
+side_by_side=$?
+"$PYTEST" -p no:xdist -m "alone and not image" --durations=10 "$@"
+alone=$?
+
+wall=$(( $(date +%s) - started ))
+if [ "$side_by_side" -eq 5 ] && [ "$alone" -eq 5 ]; then status=5
+elif [ "$side_by_side" -ne 0 ] && [ "$side_by_side" -ne 5 ]; then status=$side_by_side
+elif [ "$alone" -ne 0 ] && [ "$alone" -ne 5 ]; then status=$alone
+else status=0
+fi
+verdict=$([ "$wall" -le "$BUDGET_S" ] && echo "within it" || echo "OVER it: find the slow newcomer in the durations above")
+echo "make test: $( [ "$status" -eq 0 ] && echo passed || echo "FAILED (exit $status)" ) in $((wall / 60))m$((wall % 60))s of its $((BUDGET_S / 60))-minute budget, $verdict"
+exit "$status"
