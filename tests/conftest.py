@@ -80,9 +80,30 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         shutil.rmtree(entry, ignore_errors=True)
 
 
-# `ddp-ops local`'s process runtime holds the host's ports (process_runtime.claim_host_ports):
-# the tests that run it share one xdist worker, one after another
-LOCAL_PODS = pytest.mark.xdist_group("local-pods")
+# The tests that run `ddp-ops local`'s process runtime, which holds the host's ports
+# (process_runtime.claim_host_ports): under xdist they are one unit of work, run one after
+# another on one worker. (xdist's own `xdist_group` mark cannot do it under pytest 9: its
+# worker renames `item._nodeid`, which pytest 9's nodes no longer read.)
+LOCAL_PODS = (
+    "tests/test_local.py::",
+    "tests/test_liveness.py::",
+    "tests/test_own_code.py::",
+    "tests/test_shards_jobs.py::",
+    "tests/test_cli.py::test_local_command_runs_the_cpu_scenario",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Each test its own unit of work, as xdist's `load`, but the LOCAL_PODS tests one unit;
+    it is handed out where the first of them is collected (test_cli.py), early in the run."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LocalPodsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "local-pods" if nodeid.startswith(LOCAL_PODS) else nodeid
+
+    return LocalPodsTogether(config, log)
 
 
 def pod_snapshot_steps(pod_folder: Path) -> list[int]:

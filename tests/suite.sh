@@ -14,7 +14,7 @@ BUDGET_S=1200
 started=$(date +%s)
 
 # pytest exits 5 when a part selects no test (a path given that holds none of its tests)
-"$PYTEST" -n "$WORKERS" --dist loadgroup -m "not alone and not image" --durations=25 "$@"
+"$PYTEST" -n "$WORKERS" -m "not alone and not image" --durations=25 "$@"
 side_by_side=$?
 "$PYTEST" -p no:xdist -m "alone and not image" --durations=10 "$@"
 alone=$?

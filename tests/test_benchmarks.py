@@ -67,6 +67,7 @@ def test_throughput_benchmark_compares_ours_with_the_bare_loop_and_lightning():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # 135 s alone; beside the other tests, twice that
 def test_scaling_benchmark_prints_speedups_and_predictions_and_draws_both_plots(tmp_path):
     out = run_benchmark("scaling", "--repeats", "1", "--steps", "30", "--plots", str(tmp_path), timeout=600)
     link = r"all-reduce [\d.]+ ms measured in 2 buckets \(ring model from \d+ us per hop and [\d.]+ GB/s"

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 import pytest
 import yaml
-from conftest import LOCAL_PODS, REPO, free_port, process_env
+from conftest import REPO, free_port, process_env
 from k8s_rules import configmap_admission
 from loopback_api import status
 from object_api import ObjectApi
@@ -320,7 +320,6 @@ def test_submit_a_trainjob_without_trainer_installed_says_what_to_install(capsys
 
 
 @pytest.mark.slow
-@LOCAL_PODS
 def test_local_command_runs_the_cpu_scenario(tmp_path):
     completed = subprocess.run(
         [

@@ -12,7 +12,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import HELPERS, LOCAL_PODS, REPO, free_port, freeze_pod_1_once_snapshotted, process_env
+from conftest import HELPERS, REPO, free_port, freeze_pod_1_once_snapshotted, process_env
 
 from operator_scripts.chart import merge_values, render
 from operator_scripts.kubelet_probe import ContainerProber, ProbeSpec
@@ -22,7 +22,6 @@ from trainer.distributed.heartbeat import Heartbeat
 from trainer.distributed.liveness import serve_health
 from trainer.distributed.watchdog import VERDICTS_FILE, pod_health
 
-pytestmark = LOCAL_PODS
 CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"
 
 

@@ -16,7 +16,6 @@ import pytest
 import torch
 from conftest import (
     HELPERS,
-    LOCAL_PODS,
     REPO,
     assert_lost_within,
     free_port,
@@ -34,7 +33,6 @@ from operator_scripts.local_pods import HostsTable, LocalError, prepare
 from operator_scripts.operator_env import injected_env, plan_pods, rank0_selector
 from operator_scripts.process_runtime import claim_host_ports
 
-pytestmark = LOCAL_PODS
 CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"
 KINDS = ["PyTorchJob", "TrainJob"]
 DONE = {"PyTorchJob": "Succeeded", "TrainJob": "Complete"}  # the condition each kind shows

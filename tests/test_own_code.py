@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import LOCAL_PODS, REPO, process_env
+from conftest import REPO, process_env
 
 from operator_scripts.chart import deep_merge, merge_values, render
 from operator_scripts.code_bundle import CONFIGMAP_LIMIT, CodeError, code_values
@@ -19,7 +19,6 @@ from operator_scripts.local_pods import LocalError, _projected
 from trainer.config import ConfigError, DataConfig
 from trainer.config.registry import Registry
 
-pytestmark = LOCAL_PODS
 EXAMPLE = REPO / "docs" / "examples" / "own-model"
 PACKAGE = EXAMPLE / "wave_classifier"
 CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"

@@ -12,7 +12,6 @@ import pytest
 import torch
 from conftest import (
     HELPERS,
-    LOCAL_PODS,
     REPO,
     S3Bucket,
     assert_lost_within,
@@ -32,7 +31,6 @@ from trainer.data.shards import build_shards
 from trainer.data.shards.source import open_source
 from trainer.data.shards.write import write_dataset
 
-pytestmark = LOCAL_PODS
 PREFIX = "datasets/digits"
 CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"
 

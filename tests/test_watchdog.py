@@ -263,6 +263,7 @@ def test_a_rank_stalled_in_its_forward_is_blamed_not_the_one_waiting_for_it(work
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a 0.5 s floor: a busy machine alone can stretch a step past it
 def test_slow_validation_checkpoint_and_resume_download_are_no_hang(s3_bucket, workdir):
     """Each of them takes over 20 steps' time and longer than a step's limit (a floor of
     0.5 s): they are phases of their own. While rank 0 uploads alone, rank 1 waits in its
