@@ -9,7 +9,9 @@
 set -u
 PYTEST=$1
 shift
-WORKERS=${TEST_WORKERS:-4}
+# 3, not 4: the suite is bound by CPU (mostly interpreters importing torch) on 2 cores, and
+# a fourth worker added contention, not speed
+WORKERS=${TEST_WORKERS:-3}
 BUDGET_S=1200
 started=$(date +%s)
 

@@ -171,6 +171,7 @@ def test_progress_lines_split_the_step_and_report_mfu_and_memory(workdir):
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # it times each rank's step split against the wall clock
 def test_a_slow_rank_is_the_straggler_and_the_split_accounts_for_the_wall_clock(workdir):
     """Rank 1 does 20 ms more work per step: every progress line names it, with a lag near
     its extra work; rank 0's wait for it is communication. The lines' step times, each the
