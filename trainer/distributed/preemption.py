@@ -49,6 +49,9 @@ class Stopped(Exception):
         return EXIT_LEASE_LOST if self.signum == LEASE_LOST else 128 + self.signum
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 class StopSignal:
     """The process's SIGTERM/SIGINT handler and the ranks' agreement on when to stop."""
 
@@ -67,7 +70,7 @@ class StopSignal:
         self.started_at = 0
 
     def install(self) -> None:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in STOP_SIGNALS:
             signal.signal(signum, self._handle)
         atexit.register(self._uninstall)
 
@@ -76,7 +79,7 @@ class StopSignal:
         """Once the interpreter exits, a signal ends the process as by default: raised in
         an exit callback (torch's library finalizers), SystemExit would print a traceback of
         a process that was ending anyway (seen when torchrun stopped a rank as it exited)."""
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_DFL)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
