@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.checkpoint import lowest_priority, moto_process
+from benchmarks.checkpoint import moto_process
 from benchmarks.runner import TrainerRun, run_trainer, trainer_bench_parser
 from trainer.config import ShardsConfig, load_config
 from trainer.data import build_data
@@ -40,6 +40,7 @@ TARGETS = {"samples_ratio": 0.95, "data_share": 0.05}
 AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
 PROXY = (
     "import sys, time; from benchmarks.fault_proxy import FaultProxy\n"
+    "from benchmarks.priority import lowest_priority; lowest_priority()\n"
     "with FaultProxy(sys.argv[1], every=0, delay_s=float(sys.argv[2])) as proxy:\n"
     "    print(proxy.url, flush=True); time.sleep(1e9)\n"
 )
@@ -52,7 +53,6 @@ def proxy_process(upstream: str, delay_ms: float) -> Iterator[str]:
         [sys.executable, "-c", PROXY, upstream, str(delay_ms / 1000)],
         stdout=subprocess.PIPE,
         text=True,
-        preexec_fn=lowest_priority,
     )
     try:
         yield server.stdout.readline().strip()

@@ -133,7 +133,8 @@ def test_a_shipped_model_of_the_wrong_type_fails_the_job_at_once(tmp_path):
     outcome = run(
         render(values, release="bad-run").objects, tmp_path / "pods", timeout=120, host_env=process_env()
     )
-    assert time.monotonic() - started < 40
+    # no retry, no back-off: one start of two pods (each importing torch, beside a busy suite)
+    assert time.monotonic() - started < 90
     assert outcome.status == "Failed" and "exited with code 2, not retryable" in outcome.reason
     assert (outcome.restarts, outcome.recreations) == (0, 0)
     rank0 = outcome.logs["bad-run-ddp-trainer-worker-0"].read_text().strip()

@@ -248,6 +248,7 @@ def test_a_stopped_rank_is_found_within_seconds_and_the_run_ends_bit_exact(workd
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # its step limits, as the stopped rank's: beside the suite the run ended otherwise
 def test_a_rank_stalled_in_its_forward_is_blamed_not_the_one_waiting_for_it(workdir, reference):
     uri = workdir / "checkpoints"
     stall = "model.options.rank=1,model.options.stall_at=40,model.options.stall_s=600"

@@ -7,7 +7,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,8 +18,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from trainer.checkpoint import Checkpointer, open_store, rng
 from trainer.checkpoint.lease import Lease, job_id
 from trainer.checkpoint.policy import NotDurable
-from trainer.checkpoint.writer import spawn_writer
 from trainer.checkpoint.writer_process import writer_lock
+from trainer.checkpoint.writer_start import WriterHandle, spawn_writer
 from trainer.config import CheckpointConfig, Config, ConfigError, bundled_config_names, dump_yaml, load_config
 from trainer.config.argparsing import OneLineParser
 from trainer.data import DATASETS, DataSplits, build_data
@@ -229,7 +228,7 @@ def _train(
     config: Config,
     context: DistContext,
     logger: logging.Logger,
-    writer: subprocess.Popen | None,
+    writer: WriterHandle | None,
     heartbeat: Heartbeat,
 ) -> int:
     stop = StopSignal()
@@ -248,7 +247,7 @@ def _train_in_group(
     config: Config,
     context: DistContext,
     logger: logging.Logger,
-    writer: subprocess.Popen | None,
+    writer: WriterHandle | None,
     heartbeat: Heartbeat,
     stop: StopSignal,
     prepared: Prepared,

@@ -5,7 +5,6 @@ interval, and the snapshots' removal once the store holds the final step."""
 from __future__ import annotations
 
 import logging
-import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +15,7 @@ from trainer.checkpoint import rng
 from trainer.checkpoint.manager import Checkpointer
 from trainer.checkpoint.snapshots import AUTO_FIRST, SnapshotDir, SnapshotPacer
 from trainer.checkpoint.writer import CheckpointStats, CheckpointWriter
+from trainer.checkpoint.writer_start import WriterHandle
 from trainer.config import CheckpointConfig
 from trainer.distributed.process_group import DistContext, broadcast_flag, broadcast_object
 from trainer.telemetry.log import event
@@ -56,7 +56,7 @@ class CheckpointPolicy:
         metrics: Metrics,
         *,
         lineage: str | None,
-        writer_process: subprocess.Popen | None,
+        writer_process: WriterHandle | None,
     ) -> None:
         """`lineage` is the store's history id, known to rank 0 (see `Checkpointer.lineage`);
         `writer_process` the writer spawned early for this rank, if it writes anything."""

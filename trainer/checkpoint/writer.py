@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import logging
 import pickle
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -28,7 +26,8 @@ from typing import Any
 from trainer.checkpoint.manager import Checkpointer
 from trainer.checkpoint.shared_state import SharedStateBuffer
 from trainer.checkpoint.snapshots import SnapshotDir
-from trainer.checkpoint.writer_process import WRITER_NICENESS, WriterSetup
+from trainer.checkpoint.writer_process import WriterSetup
+from trainer.checkpoint.writer_start import WriterHandle, spawn_writer
 from trainer.checkpoint.writing import (
     AttemptFailed,
     Event,
@@ -40,12 +39,6 @@ from trainer.checkpoint.writing import (
 )
 from trainer.config import CheckpointConfig
 from trainer.telemetry.log import event
-
-# not `-m`: the package already imports the module, and runpy would run a second copy
-WRITER_MAIN = (
-    f"import os; os.nice({WRITER_NICENESS}); "
-    "from trainer.checkpoint.writer_process import main; raise SystemExit(main())"
-)
 
 
 @dataclass
@@ -66,18 +59,6 @@ class CheckpointStats:
     last_snapshot_seconds: float = 0.0
 
 
-def spawn_writer() -> subprocess.Popen:
-    """Start a writer process. Spawned as early as the run knows it needs one, its imports
-    (torch: a second or two of CPU) overlap the run's own start-up; it runs at a lower CPU
-    priority from the first instruction, so they take idle cycles; it waits for its setup."""
-    return subprocess.Popen(
-        [sys.executable, "-c", WRITER_MAIN],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        start_new_session=True,  # a Ctrl-C to the terminal's group is for the trainer
-    )
-
-
 class CheckpointWriter:
     """Saves of one node: snapshots (every node's first rank) and durable checkpoints (rank 0)."""
 
@@ -89,7 +70,7 @@ class CheckpointWriter:
         *,
         cache: Path,
         snapshots: bool = False,
-        process: subprocess.Popen | None = None,
+        process: WriterHandle | None = None,
     ) -> None:
         """`durable` is rank 0's store (None elsewhere); `cache` the location's node-local
         folder; `snapshots` whether this rank may keep snapshots. `config.async_save` chooses
@@ -106,7 +87,7 @@ class CheckpointWriter:
         self._writing: int | None = None
         self._stalls: dict[int, float] = {}
         self._buffer: SharedStateBuffer | None = None
-        self._process: subprocess.Popen | None = None
+        self._process: WriterHandle | None = None
         self._inline: SaveWork | None = None
         self._snapshot_failing = False
         if config.async_save and (durable is not None or snapshots):

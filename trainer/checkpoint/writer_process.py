@@ -1,4 +1,4 @@
-"""The checkpoint writer process (`main`), started by `writer.spawn_writer`.
+"""The checkpoint writer process (`run`), started by `writer_start.spawn_writer`.
 
 Started by a node's first rank at the start of a run. It serializes, hashes and uploads in
 its own interpreter, so none of that holds the training process's GIL, at a lower CPU
@@ -112,10 +112,16 @@ def writer_lock(cache: Path, timeout_s: float) -> Iterator[bool]:
         yield True
 
 
-def main() -> int:
+def run(inbox: BinaryIO, outbox: BinaryIO) -> int:
+    """The writer's life, in whichever process it started (writer_start.py)."""
     for name in ("SIGINT", "SIGTERM"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
+    serve(inbox, outbox)
+    return 0
+
+
+def main() -> int:
+    """A writer started as a new interpreter: its events on its stdout."""
     outbox = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     sys.stdout = sys.stderr  # anything printed must not corrupt the event stream
-    serve(sys.stdin.buffer, outbox)
-    return 0
+    return run(sys.stdin.buffer, outbox)

@@ -8,7 +8,6 @@ start lines in `trainer.telemetry.banner` and the stop at a signal in
 from __future__ import annotations
 
 import logging
-import subprocess
 import time
 from typing import Any
 
@@ -21,6 +20,7 @@ from trainer.checkpoint import Checkpointer
 from trainer.checkpoint.policy import CheckpointPolicy, describe_holders
 from trainer.checkpoint.recovery import ResumePoint, recover
 from trainer.checkpoint.training_state import TrainingState
+from trainer.checkpoint.writer_start import WriterHandle
 from trainer.config import Config
 from trainer.data import DataSplits, eval_loader, train_loader
 from trainer.distributed import heartbeat as phases
@@ -62,7 +62,7 @@ class Trainer:
         stop: StopSignal,
         heartbeat: Heartbeat,
         lineage: str | None = None,
-        writer_process: subprocess.Popen | None = None,
+        writer_process: WriterHandle | None = None,
     ) -> None:
         """`lineage` is the store's history id, known to rank 0 (see `Checkpointer.lineage`);
         `writer_process` the writer spawned early for this rank, if it writes anything.
