@@ -5,6 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TRAINER := $(VENV)/.installed-trainer
 INSTALLED := $(VENV)/.installed
+OPS := $(VENV)/.installed-ops
 # what the integration tests run besides Python, as COMMAND:DEBIAN_PACKAGE: Prometheus server
 # and promtool, kubectl for `kubectl kustomize`, unshare for ddp-ops local's pod sandboxes;
 # and what the image targets run: a container engine, mmdebstrap for the stand-in base.
@@ -15,7 +16,7 @@ IMAGE_TOOLS := dockerd:docker.io mmdebstrap:mmdebstrap
 # trials under --standalone hung or failed to connect (docs/facts.md, "the rendezvous store")
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE := 1
 
-.PHONY: demo test test-quick gpu-check image image-e2e lint tools image-tools clean
+.PHONY: demo ops test test-quick gpu-check image image-e2e lint tools image-tools clean
 
 $(TRAINER): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +26,13 @@ $(TRAINER): pyproject.toml constraints.txt
 $(INSTALLED): $(TRAINER)
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
+
+$(OPS): $(TRAINER)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[ops]'
+	touch $@
+
+## ops: Helm's engine (244 MB) in the demo's .venv, for ddp-ops render, submit and local
+ops: $(OPS)
 
 ## demo: a 2-process CPU DDP run on the bundled digits data, checkpoints in ./checkpoints/digits
 demo: $(TRAINER)

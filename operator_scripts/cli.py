@@ -189,8 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         refusals += (HelmError,)
     elif args.command in HELM_COMMANDS:  # Helm's engine is the `ops` extra, being large
         print(
-            f"ddp-ops {args.command}: error: needs Helm's engine: pip install 'ddp-trainer[ops]' "
-            "(or -e '.[ops]' in a checkout)",
+            f"ddp-ops {args.command}: error: needs Helm's engine (the 'ops' extra): run `make ops` "
+            "in a checkout, else pip install 'ddp-trainer[ops]'",
             file=sys.stderr,
         )
         return 2

@@ -98,7 +98,8 @@ def test_without_the_ops_extra_status_reaches_the_cluster_and_render_says_what_t
     assert "KUBECONFIG=" in capsys.readouterr().err
     assert main(["render"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("ddp-ops render: error: needs Helm's engine: pip install 'ddp-trainer[ops]'")
+    hint = "ddp-ops render: error: needs Helm's engine (the 'ops' extra): run `make ops` in a checkout"
+    assert err.startswith(hint)
     assert len(err.splitlines()) == 1
 
 

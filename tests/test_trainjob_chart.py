@@ -168,6 +168,8 @@ def test_exit_codes_keep_their_v1_meaning_in_the_pod_failure_policy(rendered):
     assert spec["template"]["spec"]["restartPolicy"] == "Never" and spec["backoffLimit"] == 6
     failure = runtime["spec"]["template"]["spec"]["failurePolicy"]
     assert failure["maxRestarts"] == 0
+    notes = rendered["cpu-values.yaml"].notes
+    assert "then the job fails: JobSet restarts it none (trainJob.maxRestarts 0)" in notes
     assert failure["rules"] == [
         {"name": "permanent-exit", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}
     ]
@@ -175,6 +177,7 @@ def test_exit_codes_keep_their_v1_meaning_in_the_pod_failure_policy(rendered):
     spec = node_job(on_failure.one("TrainingRuntime"))["template"]["spec"]
     assert "podFailurePolicy" not in spec and spec["template"]["spec"]["restartPolicy"] == "OnFailure"
     assert on_failure.one("TrainingRuntime")["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 2
+    assert "JobSet restarts the whole job up to 2 times (trainJob.maxRestarts)" in on_failure.notes
 
 
 def test_kueue_gang_and_deadline_reach_the_trainjob_and_its_runtime():
