@@ -60,8 +60,10 @@ def test_a_users_model_plugs_in_by_import_path():
     ("name", "message"),
     [
         ("vit", "unknown model; allowed: cnn, mlp, transformer or package.module:function"),
-        ("plugins:absent", "plugins has no callable 'absent'"),
+        ("plugins:absent", "plugins has no callable 'absent'$"),
         ("plugins:", "unknown model"),
+        ("cn", "unknown model; did you mean cnn\\? allowed: cnn, mlp, transformer"),
+        ("plugins:linear_modle", "no callable 'linear_modle'; did you mean plugins:linear_model\\?$"),
     ],
 )
 def test_unknown_models_name_what_is_allowed(name, message):

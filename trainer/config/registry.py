@@ -8,9 +8,10 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
+from types import ModuleType
 from typing import Generic, TypeVar
 
-from trainer.config import ConfigError
+from trainer.config import ConfigError, did_you_mean
 
 Builder = TypeVar("Builder", bound=Callable)
 
@@ -43,7 +44,8 @@ class Registry(Generic[Builder]):
         allowed = f"allowed: {', '.join(self.names)} or package.module:function"
         module_name, colon, attribute = name.partition(":")
         if not colon or not module_name or not attribute:
-            raise ConfigError(self.key, name, f"unknown {self.kind}; {allowed}")
+            hint = did_you_mean(name, {known: known for known in self.names})
+            raise ConfigError(self.key, name, f"unknown {self.kind}; {hint}{allowed}")
         try:
             module = importlib.import_module(module_name)
         except ImportError as error:
@@ -53,7 +55,10 @@ class Registry(Generic[Builder]):
             raise ConfigError(self.key, name, f"importing {module_name} failed ({why})") from None
         builder = getattr(module, attribute, None)
         if not callable(builder):
-            raise ConfigError(self.key, name, f"{module_name} has no callable {attribute!r}")
+            own = [item for item, value in vars(module).items() if _is_own_builder(item, value, module)]
+            hint = did_you_mean(attribute, {item: f"{module_name}:{item}" for item in own})
+            problem = f"{module_name} has no callable {attribute!r}"
+            raise ConfigError(self.key, name, f"{problem}; {hint.rstrip()}" if hint else problem)
         call = f"{attribute}({', '.join(self.arguments)})"
         try:
             inspect.signature(builder).bind(*self.arguments)
@@ -62,3 +67,9 @@ class Registry(Generic[Builder]):
         except ValueError:  # a builtin without a signature: its call will tell
             pass
         return builder
+
+
+def _is_own_builder(name: str, value: object, module: ModuleType) -> bool:
+    """A public function or class of the module's own, not one it imported (torch's Dataset)."""
+    defined_here = getattr(value, "__module__", None) == module.__name__
+    return not name.startswith("_") and callable(value) and defined_here

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -34,6 +34,13 @@ class ConfigError(ValueError):
     def __init__(self, key: str, value: Any, allowed: str) -> None:
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(f"{key}={value!r}: {allowed}")
+
+
+def did_you_mean(word: str, choices: Mapping[str, str]) -> str:
+    """`did you mean SHOWN? ` for the name in `choices` (name -> how to show it) closest to
+    a mistyped `word`, else ''."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"did you mean {choices[close[0]]}? " if close else ""
 
 
 @dataclass(config=_SECTION)
@@ -310,8 +317,7 @@ def _error_from_pydantic(error: dict[str, Any], alternatives: Sequence[str] = ()
         names = [f.name for f in dataclasses.fields(section)] if section else []
         prefix = ".".join(location[:-1])
         qualified = [f"{prefix}.{name}" if prefix else name for name in names]
-        close = difflib.get_close_matches(location[-1], names, n=1)
-        hint = f"did you mean {qualified[names.index(close[0])]}? " if close else ""
+        hint = did_you_mean(location[-1], dict(zip(names, qualified, strict=True)))
         return ConfigError(key, error["input"], f"unknown key; {hint}allowed: {', '.join(qualified)}")
     if error["type"] == "missing" and location != list(error["loc"]):  # an item of a fixed-size tuple
         return ConfigError(key, error["input"], f"must be a list of {_tuple_length(location)} numbers")
