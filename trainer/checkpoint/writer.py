@@ -127,15 +127,28 @@ class CheckpointWriter:
     ) -> bool:
         """Copy `state` now and write it: a snapshot if this node keeps them, the durable
         checkpoint if `durable`. If the writes before it are still running after `wait_s`
-        seconds, skip this one (logged) rather than hold up the ranks."""
+        seconds, skip this one (logged) rather than hold up the ranks; where only the
+        durable upload before it is (a slow store), the step is still kept in the snapshot,
+        so that a stop in the middle of that upload loses nothing on this node: with a
+        snapshot to fall back on, the upload is waited for half of `wait_s`, leaving the
+        other half to write the snapshot (a stop's deadline covers both)."""
         durable = durable and self.durable is not None
         started = time.perf_counter()
-        ready = self._staged.wait(wait_s) and (not durable or self._durable_idle.wait(wait_s))
-        if not ready:
+        ready = self._staged.wait(wait_s)
+        upload_wait_s = wait_s / 2 if wait_s is not None and self.snapshots is not None else wait_s
+        if ready and durable and not self._durable_idle.wait(upload_wait_s):
+            ready = self.snapshots is not None
+            durable = False
+            self.log.warning(
+                "checkpoint step %d %s: the upload of step %s is still running after %.0fs",
+                step, "kept in the snapshot only" if ready else "skipped", self._writing, upload_wait_s,
+            )  # fmt: skip
+        elif not ready:
             self.log.warning(
                 "checkpoint step %d skipped: the write of step %s is still running after %.0fs",
                 step, self._writing, wait_s,
             )  # fmt: skip
+        if not ready:
             return False
         request = SaveRequest(
             step, epoch, world_size, self.snapshots is not None, durable, frozenset(self._protected())
