@@ -3,6 +3,7 @@ helm-python-sdk runs Helm's own engine in-process (schema check, templates, NOTE
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Sequence
@@ -14,7 +15,7 @@ import yaml
 from pydantic import TypeAdapter
 
 from operator_scripts import generated
-from trainer.config import Config, ConfigError, from_tree
+from trainer.config import Config, ConfigError, did_you_mean, from_tree
 from trainer.config.overrides import deep_merge
 
 CHART_DIR = Path(__file__).resolve().parents[1] / "helm"
@@ -52,6 +53,24 @@ class ValuesError(ValueError):
     """A chart value the trainer would refuse, said in the trainer's one line."""
 
 
+def check_top_level(values: dict[str, Any]) -> None:
+    """A top-level key the chart does not have is refused by its schema as `additional
+    properties 'model' not allowed`, at ''. Most often it is a trainer setting given without
+    its `trainer.config.` prefix, or a typo; either is said here, with the fix."""
+    chart_keys = list(yaml.safe_load(VALUES_FILE.read_text()))
+    sections = [field.name for field in dataclasses.fields(Config)]
+    for key in values:
+        if key in chart_keys:
+            continue
+        if key in sections:
+            raise ValuesError(
+                f"{key}: not a chart value; trainer settings go under trainer.config.* "
+                f"(--set trainer.config.{key}.…)"
+            )
+        hint = did_you_mean(key, {name: name for name in chart_keys})
+        raise ValuesError(f"{key}: not a chart value; {hint}see helm/README.md for the chart's values")
+
+
 def check_trainer_config(values: dict[str, Any]) -> None:
     """The trainer's own validation of `trainer.config` (the chart's defaults under
     `values`), before Helm renders: a typo or an out-of-range value is the trainer's line,
@@ -73,6 +92,7 @@ def render(
     schema or a template refuses."""
     from helm_python import Chart, Config
 
+    check_top_level(values or {})
     check_trainer_config(values or {})
     chart = Chart.load(CHART_DIR)
     result = Config().install(chart, release, values or {}, namespace=namespace, dry_run="client")

@@ -94,7 +94,16 @@ def test_bad_nccl_values_are_refused_at_render(sets, named):
             "trainer.config.train.epoch=3: unknown key; did you mean train.epochs?",
         ),
         ("trainer.config.train.batch_size=0", "trainer.config.train.batch_size=0: must be greater than 0"),
-        ("trainer.config.train.amp=fp8", "trainer.config.train.amp='fp8': must be 'off', 'bf16' or 'fp16'"),
+        (
+            "trainer.config.train.amp=fp8",
+            "trainer.config.train.amp='fp8': did you mean 'fp16'? must be 'off', 'bf16' or 'fp16'",
+        ),
+        (  # a trainer key without its prefix: Helm's schema would only say `at ''`
+            "model.name=mlp",
+            "model: not a chart value; trainer settings go under trainer.config.* "
+            "(--set trainer.config.model.…)",
+        ),
+        ("gpu=8", "gpu: not a chart value; did you mean gpus?"),
         (  # one section against another: what JSON schema cannot say
             "trainer.config.checkpoint.drain_timeout_s=700",
             "trainer.config.checkpoint.drain_timeout_s=700.0: must be at most half of dist.timeout_s",

@@ -71,6 +71,26 @@ def test_unknown_key_suggests_the_nearest():
         load_config(None, ["train.bach_size=3"])
 
 
+@pytest.mark.parametrize(
+    ("override", "suggested"),
+    [
+        ("optim.name=adamww", "did you mean 'adamw'? must be 'adamw' or 'sgd'"),
+        ("train.amp=bf61", "did you mean 'bf16'? must be 'off', 'bf16' or 'fp16'"),
+        ("checkpoint.snapshot_every_steps=aut", "did you mean 'auto'? must be 'auto' or"),
+    ],
+)
+def test_a_mistyped_choice_suggests_the_nearest(override, suggested):
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, [override])
+    assert suggested in str(raised.value)
+
+
+def test_a_choice_near_none_gets_no_suggestion():
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, ["train.amp=zzz"])
+    assert str(raised.value) == "train.amp='zzz': must be 'off', 'bf16' or 'fp16'"
+
+
 CONFIGS = HELPERS / "configs"
 BAD = [
     (["--set", "train.batch_size=0"], "train.batch_size=0", "greater than 0"),

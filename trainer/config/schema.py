@@ -322,7 +322,26 @@ def _error_from_pydantic(error: dict[str, Any], alternatives: Sequence[str] = ()
     if error["type"] == "missing" and location != list(error["loc"]):  # an item of a fixed-size tuple
         return ConfigError(key, error["input"], f"must be a list of {_tuple_length(location)} numbers")
     messages = dict.fromkeys([error["msg"], *alternatives])  # a union's members, each once
-    return ConfigError(key, error["input"], " or ".join(messages).replace("Input should be", "must be"))
+    allowed = " or ".join(messages).replace("Input should be", "must be")
+    if error["type"] == "literal_error" and isinstance(error["input"], str):
+        names = {repr(name): repr(name) for name in _literal_names(location)}
+        allowed = did_you_mean(repr(error["input"]), names) + allowed
+    return ConfigError(key, error["input"], allowed)
+
+
+def _literal_names(location: Sequence[str]) -> list[str]:
+    """The names a field allows: its Literal's, or those of the Literals in its union
+    (`snapshot_every_steps: Literal["auto"] | int`)."""
+    section = _section_at(location)
+    hint = typing.get_type_hints(section)[location[-1]] if section else None
+    members = typing.get_args(hint) if typing.get_origin(hint) is not Literal else (hint,)
+    return [
+        name
+        for member in members
+        if typing.get_origin(member) is Literal
+        for name in typing.get_args(member)
+        if isinstance(name, str)
+    ]
 
 
 def from_tree(tree: dict[str, Any]) -> Config:
