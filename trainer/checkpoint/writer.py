@@ -198,9 +198,11 @@ class CheckpointWriter:
         """Let the last write finish, for up to `timeout` seconds, and let the writer go."""
         if not self.wait(timeout):
             self.log.error("checkpoint write still running after %.0fs; exiting without it", timeout)
-        if self._process is not None:
-            self._process.stdin.close()  # the writer finishes what it holds and exits
-            self._process = None
+        # let go of the writer before closing its stdin: it exits at once, and the listener
+        # must not take an exit it sees while `_process` still names it for a death
+        process, self._process = self._process, None
+        if process is not None:
+            process.stdin.close()  # the writer finishes what it holds and exits
         if self._buffer is not None:
             self._buffer.close()
 
