@@ -34,7 +34,7 @@ $(OPS): $(TRAINER)
 ## ops: Helm's engine (244 MB) in the demo's .venv, for ddp-ops render, submit and local
 ops: $(OPS)
 
-## demo: a 2-process CPU DDP run on the bundled digits data, checkpoints in ./checkpoints/digits
+## demo: a 2-process CPU DDP run on the bundled digits data, checkpoints in ./checkpoints/digits-cnn
 demo: $(TRAINER)
 	$(BIN)/ddp-launch -- --standalone --nproc_per_node=2 -m trainer --config digits
 

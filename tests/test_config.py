@@ -1,5 +1,6 @@
 """Config loading and the promise that every bad value stops the run with one clear line."""
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -7,8 +8,10 @@ import torch
 import yaml
 from conftest import HELPERS
 
+from trainer.checkpoint.manager import CheckpointError
 from trainer.cli import main
 from trainer.config import ConfigError, bundled_config_names, dump_yaml, load_config, to_tree
+from trainer.data.base import DataError
 
 
 def test_defaults_are_the_digits_demo():
@@ -89,6 +92,14 @@ def test_a_choice_near_none_gets_no_suggestion():
     with pytest.raises(ConfigError) as raised:
         load_config(None, ["train.amp=zzz"])
     assert str(raised.value) == "train.amp='zzz': must be 'off', 'bf16' or 'fp16'"
+
+
+@pytest.mark.parametrize("kind", [ConfigError, CheckpointError, DataError])
+def test_an_error_survives_the_pickle_a_broadcast_sends_it_in(kind):
+    """Rank 0 decides a resume fails and broadcasts the error object to every rank."""
+    error = kind("checkpoint.uri", "s3://b/run", "finding the resume step took longer than 10s")
+    received = pickle.loads(pickle.dumps(error))
+    assert type(received) is kind and str(received) == str(error) and received.key == "checkpoint.uri"
 
 
 CONFIGS = HELPERS / "configs"

@@ -3,6 +3,8 @@ waited for, and the pods' name resolution that `ddp-ops local` gives them."""
 
 from __future__ import annotations
 
+import io
+import re
 import subprocess
 import sys
 import time
@@ -12,7 +14,8 @@ from conftest import process_env
 
 from operator_scripts.local_pods import HostsTable, LocalError
 from operator_scripts.process_runtime import check_sandbox, sandbox_command
-from trainer.distributed.launch import parse_args, rendezvous_host, trainer_arguments
+from trainer.distributed.launch import parse_args, relay, rendezvous_host, trainer_arguments
+from trainer.distributed.recurrence import CRASH_DIR_ENV, Crash, RecurringCrash, check_recurrence
 
 TRAINER = ["-m", "trainer", "--config", "digits", "--set", "train.epochs=1"]
 
@@ -138,16 +141,50 @@ def test_a_config_error_found_inside_the_workers_stops_torchrun_at_once(tmp_path
         "--max-restarts=3",
         *TRAINER,
         "--set",
-        "model.name=mlp",
+        "model.width=16",
     ]
     second = launch(*args, cwd=tmp_path, timeout=120)
     assert second.returncode == 2 and time.monotonic() - started < 60
     errors = [line for line in second.stderr.splitlines() if line.startswith("trainer: error:")]
     assert errors == [
-        "trainer: error: model.name='mlp': step 2 in checkpoints/digits was trained with model.name='cnn', "
-        "which this run cannot change: resume with model.name='cnn', or start over in another checkpoint.uri"
+        "trainer: error: model.width=16: step 2 in checkpoints/digits-cnn was trained with model.width=32, "
+        "which this run cannot change: resume with model.width=32, or start over in another checkpoint.uri"
     ]
     assert "restart 1" not in second.stdout and "Traceback" not in second.stderr
+
+
+@pytest.mark.slow
+def test_a_crash_that_recurs_after_a_restart_is_permanent(tmp_path):
+    """A corrupt sample fails the same step every time. torchrun restarts the workers once;
+    the crash comes back at the same step, and ddp-launch stops in one line, exit 2, with
+    no second restart and no relaunch of torchrun."""
+    poisoned = "data.name=plugins:poisoned_digits,data.options.bad_index=100"
+    args = ["--", "--standalone", "--nproc_per_node=2", "--max-restarts=3", *TRAINER, "--set", poisoned]
+    done = launch(*args, cwd=tmp_path, timeout=180)
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if "trainer: error:" in line]
+    assert len(errors) == 1, done.stderr[-3000:]
+    assert re.fullmatch(
+        r"trainer: error: the run failed at step \d+ \(step\) with ValueError: sample 100 is corrupt, "
+        r"as in the attempt before this restart: a restart cannot fix it; fix the code or data, "
+        r"then start the job again",
+        errors[0],
+    ), errors[0]
+    assert "relaunch" not in done.stderr and "restart 2" not in done.stdout
+
+
+def test_a_crash_is_permanent_only_where_it_repeats_at_the_same_step(tmp_path, monkeypatch):
+    monkeypatch.setenv(CRASH_DIR_ENV, str(tmp_path / "crashes"))
+    first = Crash.of(ValueError("sample 100 is corrupt\nmore detail"), 12, "step")
+    assert first == Crash(12, "step", "ValueError: sample 100 is corrupt")
+    check_recurrence(0, first)
+    check_recurrence(1, Crash(30, "step", first.error))  # another rank's record is its own
+    check_recurrence(0, Crash(13, "step", first.error))  # a step further: bad luck, not a bug
+    check_recurrence(0, first)  # the record now says step 13
+    with pytest.raises(RecurringCrash, match="failed at step 12 \\(step\\) with ValueError"):
+        check_recurrence(0, first)
+    monkeypatch.delenv(CRASH_DIR_ENV)
+    check_recurrence(0, first)  # without ddp-launch's folder nothing is remembered
 
 
 ORPHANS = """
@@ -180,3 +217,46 @@ def test_ddp_launch_adopts_the_orphans_of_its_pod_and_reaps_them():
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stdout.split() == ["True", "True", "False"]
+
+
+SIGNAL_CHAIN = b"""Traceback (most recent call last):
+  File "run.py", line 1, in main
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 15
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "run.py", line 2, in main
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 15
+"""
+CRASH = b"""Traceback (most recent call last):
+  File "train.py", line 3, in step
+ValueError: sample 100 is corrupt
+"""
+
+
+@pytest.mark.parametrize("stopping", [[15], []])
+def test_a_stopping_pod_leaves_out_torchruns_chained_report_of_the_signal_only(stopping, capsysbinary):
+    """torchrun's report of SIGTERM can be a chain of tracebacks; its separators used to slip
+    through the filter ('During handling of the above exception...' in a deleted pod's log)."""
+    said: list[bytes] = []
+    relay(io.BytesIO(SIGNAL_CHAIN + b"a line\n" + CRASH), stopping, said)
+    written = capsysbinary.readouterr().err
+    if stopping:
+        assert written == b"a line\n" + CRASH
+    else:
+        assert written == SIGNAL_CHAIN + b"a line\n" + CRASH
+    assert said == []
+
+
+def test_after_a_workers_permanent_error_only_error_lines_are_relayed(capsysbinary):
+    """ddp-launch kills torchrun after a permanent error; meanwhile its agent may print a
+    peer pod's store going away, with c10d's C++ stack: seen in a pod's log beside the line."""
+    teardown = (
+        b"[W1204 03:35:36.138621009 TCPStore.cpp:138] [c10d] recvValueWithTimeout failed on SocketImpl\n"
+        b"frame #0: c10::Error::Error(c10::SourceLocation) + 0x9d (0x7f7c20b7db8d in libc10.so)\n"
+    )
+    error = b"[rank 1] trainer: error: model.name='m': one batch fails\n"
+    relay(io.BytesIO(b"a line\n" + error + teardown + error[9:]), [], said := [])
+    assert capsysbinary.readouterr().err == b"a line\n" + error + error[9:]
+    assert said == [error[9:]]

@@ -142,3 +142,35 @@ def test_a_shipped_model_of_the_wrong_type_fails_the_job_at_once(tmp_path):
         "trainer: error: model.name='wave_classifier.model:build_model': "
         "a model builder must return a torch.nn.Module"
     ), rank0[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.alone  # its bound is the start-up of two pods, which a busy machine stretches
+def test_a_shipped_model_with_a_shape_bug_fails_in_one_line_before_any_step(tmp_path):
+    """The example without its Flatten: its last Linear meets (32, 32, 1), not (32, 32).
+    Tried on one batch before any process group, it is one line and exit 2 on each pod, and
+    the job Failed without a retry; measured here, from outside, as a user runs it."""
+    broken = tmp_path / "wave_classifier"
+    shutil.copytree(PACKAGE, broken)
+    model = broken / "model.py"
+    model.write_text(model.read_text().replace("        nn.Flatten(),\n", ""))
+    started = time.monotonic()
+    completed = subprocess.run(
+        [sys.executable, "-m", "operator_scripts.cli", "local", "--code", str(broken), "-f", str(CPU_VALUES),
+         "--set", PLUGINS, "--workdir", str(tmp_path / "pods"), "--timeout", "120"],
+        env=process_env(), capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    output = completed.stdout + completed.stderr
+    assert completed.returncode != 0 and "Failed" in completed.stdout.strip().splitlines()[-1], output[-3000:]
+    assert "Traceback" not in output and "exception occurred" not in output, output
+    assert len(output.splitlines()) <= 40, output
+    assert elapsed < 30, output
+    rank0 = (tmp_path / "pods" / "ddp-run-ddp-trainer-worker-0" / "pytorch.log").read_text()
+    assert "Traceback" not in rank0, rank0[-3000:]
+    (line,) = [line for line in rank0.splitlines() if "trainer: error:" in line]
+    assert line == (
+        "trainer: error: model.name='wave_classifier.model:build_model': one batch of "
+        "data.name='wave_classifier.data:build_dataset' (inputs (32, 1, 64) float32, targets (32,) int64) "
+        "fails in the forward: RuntimeError: mat1 and mat2 shapes cannot be multiplied (1024x1 and 32x4)"
+    ), rank0[-3000:]

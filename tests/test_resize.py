@@ -67,6 +67,6 @@ def test_resize(workdir, before, after, stop_at):
         f"{0.002 * PER_RANK_BATCH * before / 64:g}; this run trains at world size {after}, global batch "
         f"{PER_RANK_BATCH * after}, lr {lr:g}"
     )
-    saved = load_checkpoint(workdir / "checkpoints" / "digits")["progress"]
+    saved = load_checkpoint(workdir / "checkpoints" / "digits-cnn")["progress"]
     assert saved["samples"] == position + (planned - stop_at) * PER_RANK_BATCH * after
     assert (saved["epoch"], saved["epoch_position"]) == (EPOCHS, 0)

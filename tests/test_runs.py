@@ -80,7 +80,7 @@ def test_python_m_trainer_runs_as_a_world_of_one(workdir):
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "world size 1 (1 node x 1 process)" in completed.stdout
     assert "32 per rank x 1 rank x 1 accumulation = 32" in completed.stdout
-    assert load_checkpoint(workdir / "checkpoints" / "digits")["progress"]["step"] == 12
+    assert load_checkpoint(workdir / "checkpoints" / "digits-cnn")["progress"]["step"] == 12
 
 
 @pytest.mark.slow
@@ -234,25 +234,41 @@ def test_accumulation_under_no_sync_equals_one_large_batch(tmp_path):
 def test_bad_config_under_torchrun_is_the_root_cause(workdir):
     completed = run_torchrun(["--set", "train.batch_size=0"], workdir)
     assert completed.returncode != 0
-    assert "trainer: error: train.batch_size=0: must be greater than 0" in completed.stderr
+    errors = [line for line in completed.stderr.splitlines() if "trainer: error:" in line]
+    assert len(errors) == 1, completed.stderr  # said once for the two ranks that met it
+    assert errors[0].endswith("trainer: error: train.batch_size=0: must be greater than 0")
     assert "exitcode  : 2" in completed.stderr
     assert list(workdir.iterdir()) == []
 
 
 @pytest.mark.slow
 def test_incompatible_checkpoint_is_a_clear_error(workdir):
-    first = run_trainer([*QUICK, "--set", "train.max_steps=5"], workdir)
+    shared = [*QUICK, "--set", "checkpoint.uri=shared"]  # a location named, as a job's is
+    first = run_trainer([*shared, "--set", "train.max_steps=5"], workdir)
     assert first.returncode == 0, first.stderr[-3000:]
-    saved = sorted((workdir / "checkpoints" / "digits").rglob("*"))
+    saved = sorted((workdir / "shared").rglob("*"))
     for change, saved_value in {"model.name": "'cnn'", "optim.name": "'adamw'", "model.width": "32"}.items():
         value = {"model.name": "mlp", "optim.name": "sgd", "model.width": "16"}[change]
-        second = run_trainer([*QUICK, "--set", f"train.max_steps=10,{change}={value}"], workdir)
+        second = run_trainer([*shared, "--set", f"train.max_steps=10,{change}={value}"], workdir)
         assert second.returncode == 2
         (line,) = second.stderr.strip().splitlines()
         assert line.startswith(f"trainer: error: {change}=")
-        assert f"step 5 in checkpoints/digits was trained with {change}={saved_value}" in line
+        assert f"step 5 in shared was trained with {change}={saved_value}" in line
         assert line.endswith(f"resume with {change}={saved_value}, or start over in another checkpoint.uri")
-        assert sorted((workdir / "checkpoints" / "digits").rglob("*")) == saved
+        assert sorted((workdir / "shared").rglob("*")) == saved
+
+
+@pytest.mark.slow
+def test_runs_of_two_models_without_a_location_each_get_their_own(workdir):
+    """No checkpoint.uri: each config and model checkpoints in a folder of its own, so the
+    second model (a plug-in) trains instead of being refused by the first one's checkpoints."""
+    for model, folder in (("cnn", "digits-cnn"), ("plugins:linear_model", "digits-plugins.linear_model")):
+        completed = run_trainer([*QUICK, "--set", f"train.max_steps=5,model.name={model}"], workdir)
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        assert f"checkpoints in checkpoints/{folder}" in completed.stdout
+    folders = sorted(path.name for path in (workdir / "checkpoints").iterdir())
+    assert folders == ["digits-cnn", "digits-plugins.linear_model"]
+    assert load_checkpoint(workdir / "checkpoints" / folders[1])["progress"]["step"] == 5
 
 
 @pytest.mark.slow
@@ -277,7 +293,7 @@ def test_early_stopping_ends_the_run_and_a_restart_only_tests(workdir):
     first = run_trainer(args, workdir)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "early stopping after epoch 2" in first.stdout
-    state = load_checkpoint(workdir / "checkpoints" / "digits")
+    state = load_checkpoint(workdir / "checkpoints" / "digits-cnn")
     assert state["progress"]["stopped_early"] and state["progress"]["epoch"] == 2
     again = run_trainer(args, workdir)
     assert again.returncode == 0 and "already complete" in again.stdout
@@ -408,4 +424,4 @@ def test_two_nodes_from_the_operators_pet_environment(workdir):
     banners = [out for out, _ in outputs if "rank 0 on host" in out]
     assert len(banners) == 1
     assert "world size 2 (2 nodes x 1 process)" in banners[0] and "run id ddp-run-test" in banners[0]
-    assert load_checkpoint(workdir / "checkpoints" / "digits")["world_size"] == 2
+    assert load_checkpoint(workdir / "checkpoints" / "digits-cnn")["world_size"] == 2

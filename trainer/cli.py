@@ -33,16 +33,19 @@ from trainer.distributed.process_group import (
     read_env,
     select_device,
 )
+from trainer.distributed.recurrence import Crash, RecurringCrash, check_recurrence
 from trainer.distributed.watchdog import start_watchdog
 from trainer.loop.engine import Trainer
 from trainer.loop.plan import steps_per_epoch
+from trainer.loop.probe import probe_plugins
 from trainer.models import MODELS, build_model
-from trainer.telemetry.lines import write_line
+from trainer.telemetry.lines import first_to_say, write_line
 from trainer.telemetry.log import setup_logging
 from trainer.telemetry.metrics import prepare_multiprocess_dir, start_metrics
 
 EXIT_CONFIG_ERROR = 2
 EXIT_PEER_LOST = 1  # any failure: torchrun restarts the workers while it has restarts left
+SECOND_VOICE_S = 0.5  # how long a rank lets its node's first rank say an error they share
 # set by `ddp-launch`: a configuration error found inside a worker is written here, so that
 # the launcher stops torchrun at once instead of letting it retry what cannot succeed
 FATAL_FILE_ENV = "TRAINER_FATAL_FILE"
@@ -106,11 +109,14 @@ def cache_dir(config: CheckpointConfig) -> Path:
     return Path(tempfile.gettempdir()) / "ddp-trainer-cache" / digest
 
 
-def report(error: ConfigError, context: DistContext) -> int:
-    """One line on stderr (rank-prefixed off rank 0), and the launcher told not to retry."""
+def report(error: ConfigError | RecurringCrash, context: DistContext) -> int:
+    """One line on stderr (rank-prefixed off rank 0), once for this node's ranks that fail
+    the same way, and the launcher told not to retry. The node's first rank says it,
+    unprefixed on rank 0, unless it has not within half a second: the error is another's."""
     prefix = "" if context.is_main else f"[rank {context.rank}] "
     line = f"{prefix}trainer: error: {error}"
-    write_line(line)  # one write, so ranks sharing a pipe cannot interleave it
+    if first_to_say(str(error), defer_s=0 if context.is_node_main else SECOND_VOICE_S):
+        write_line(line)  # one write, so ranks sharing a pipe cannot interleave it
     if FATAL_FILE_ENV in os.environ:
         with contextlib.suppress(OSError):
             Path(os.environ[FATAL_FILE_ENV]).write_text(line + "\n")
@@ -161,6 +167,12 @@ def train(config: Config, context: DistContext) -> int:
         )
     try:
         return _train(config, context, logger, writer, heartbeat)
+    except Exception as error:  # the traceback is torchrun's to show, unless it has come before
+        try:
+            check_recurrence(context.rank, Crash.of(error, heartbeat.step, heartbeat.phase_name))
+        except RecurringCrash as recurring:
+            return report(recurring, context)
+        raise
     finally:
         heartbeat.close()
         for child in (writer, watchdog):
@@ -170,28 +182,31 @@ def train(config: Config, context: DistContext) -> int:
 
 @dataclass
 class Prepared:
-    """What a run builds before its process group: data, model, store, and rank 0's
-    lineage and lease."""
+    """What a run builds before its process group: data, model (tried on one batch), the
+    device, store, and rank 0's lineage and lease."""
 
     splits: DataSplits
     module: torch.nn.Module
+    device: torch.device
     checkpointer: Checkpointer
     lineage: str | None = None
     lease: Lease | None = None
 
 
 def prepare(config: Config, context: DistContext, stop: StopSignal) -> Prepared:
-    """Build data, model and store; on rank 0 probe the store, take its lease before
-    writing anything, then clean up and find the lineage. Raises ConfigError, holding no
-    lease then."""
+    """Build data and model and try them on one batch, then the store; on rank 0 probe
+    the store, take its lease before writing anything, then clean up and find the lineage.
+    Raises ConfigError, holding no lease then."""
     rng.seed_everything(config.seed)
     splits = build_data(config.data, config.seed)
     module = build_model(config.model, splits.spec)
     steps_per_epoch(len(splits.train), config.train, context.world_size)
+    device = select_device(config.train.device, context)
+    probe_plugins(config, splits, module, device)
     checkpointer = Checkpointer(
         open_store(config.checkpoint), config.checkpoint.keep_last, cache_dir(config.checkpoint)
     )
-    prepared = Prepared(splits, module, checkpointer)
+    prepared = Prepared(splits, module, device, checkpointer)
     if not context.is_main:
         return prepared
     checkpointer.store.prepare()
@@ -253,7 +268,7 @@ def _train_in_group(
     prepared: Prepared,
 ) -> int:
     rng.seed_everything(config.seed * 65537 + context.rank + 1)  # distinct dropout per rank
-    device = select_device(config.train.device, context)
+    device = prepared.device
     prepare_multiprocess_dir(config.metrics, context)
     metrics = start_metrics(config.metrics, context, run_info(config, context), device, logger)
     try:

@@ -1,8 +1,9 @@
 """Plug-ins the trainer loads by import path in tests (`data.name=plugins:slow_digits`).
 
 They wrap the real digits data: one slows reading down so a test can kill a worker
-mid-run, one records which sample indices each rank reads; a model can make one rank a
-straggler, or stall one rank's step and slow every evaluation down."""
+mid-run, one records which sample indices each rank reads, one fails on one sample; a
+model can make one rank a straggler, or stall one rank's step and slow every evaluation
+down."""
 
 from __future__ import annotations
 
@@ -55,6 +56,24 @@ class RecordingDataset(Through):
         with open(self.record, "a") as handle:
             handle.write(f"{index}\n")
         return self.inner[index]
+
+
+class PoisonedDataset(Through):
+    """Reading sample `bad_index` raises, every time: a corrupt record."""
+
+    def __init__(self, inner: Dataset, bad_index: int) -> None:
+        super().__init__(inner)
+        self.bad_index = bad_index
+
+    def __getitem__(self, index: int):
+        if index == self.bad_index:
+            raise ValueError(f"sample {index} is corrupt")
+        return self.inner[index]
+
+
+def poisoned_digits(config: DataConfig, seed: int) -> DataSplits:
+    splits = build_digits(config, seed)
+    return replace(splits, train=PoisonedDataset(splits.train, int(config.options["bad_index"])))
 
 
 def slow_digits(config: DataConfig, seed: int) -> DataSplits:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -34,6 +35,11 @@ class ConfigError(ValueError):
     def __init__(self, key: str, value: Any, allowed: str) -> None:
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(f"{key}={value!r}: {allowed}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, Any, str]]:
+        """Pickled as its three parts: rank 0 broadcasts a resume error to every rank, and
+        the default (the message alone) cannot be unpickled by this __init__."""
+        return type(self), (self.key, self.value, self.allowed)
 
 
 def did_you_mean(word: str, choices: Mapping[str, str]) -> str:
@@ -144,7 +150,8 @@ class OptimConfig:
 
 @dataclass(config=_SECTION)
 class CheckpointConfig:
-    """Where checkpoints go, how often, how many stay, and whether a start resumes.
+    """Where checkpoints go (`uri`; empty: `checkpoints/<config>-<model>`, the config's
+    name or `defaults`), how often, how many stay, and whether a start resumes.
 
     With `async_save` the state is copied to shared host memory at the step boundary and a
     writer process writes it (at most one durable write in flight); a write is tried
@@ -159,7 +166,7 @@ class CheckpointConfig:
     holds the location's lease (`lease.json`, renewed every `lease_s`), so that a second job
     on the same location is refused (`trainer.checkpoint.lease`)."""
 
-    uri: str = "checkpoints"
+    uri: str = ""
     every_steps: NonNegativeInt = 50
     keep_last: NonNegativeInt = 3
     resume: bool = True
@@ -381,7 +388,19 @@ def load_config(source: str | None, overrides: Sequence[str] = ()) -> Config:
             tree = deep_merge(tree, parse_set(expression))
         except OverrideError as error:
             raise ConfigError("--set", expression, str(error)) from None
-    return from_tree(tree)
+    config = from_tree(tree)
+    if config.checkpoint.uri:
+        return config
+    uri = default_checkpoint_uri(source, config.model.name)
+    return dataclasses.replace(config, checkpoint=dataclasses.replace(config.checkpoint, uri=uri))
+
+
+def default_checkpoint_uri(source: str | None, model: str) -> str:
+    """`checkpoints/<config>-<model>`, where no `checkpoint.uri` is given: runs of another
+    config or model do not meet in one folder, where the second would be refused. A
+    plug-in's `package.module:function` keeps its dots; what is not a file name's becomes `.`."""
+    config = "defaults" if source is None else Path(source).stem
+    return f"checkpoints/{re.sub(r'[^A-Za-z0-9_.-]', '.', f'{config}-{model}')}"
 
 
 def dump_yaml(config: Config) -> str:

@@ -161,6 +161,13 @@ class Heartbeat:
         self.step, self.phase_name, self.since, self.explicit_limit_s = step, STEP, now, None
         self._write(self.limits.limit(STEP))
 
+    def resumed_at(self, step: int) -> None:
+        """The run goes on from `step`: the record's last step is that one, not 0, for the
+        watchdog's report and for telling a crash that recurs at one step."""
+        self.step = step
+        limit = self.explicit_limit_s
+        self._write(self.limits.limit(self.phase_name) if limit is None else limit)
+
     def enter(self, phase: str, limit_s: float | None = None) -> None:
         """From now on this rank is in `phase`, for at most `limit_s` (default: derived).
         A step cut short, or start-up, is no observation of its phase."""

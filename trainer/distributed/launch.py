@@ -7,7 +7,10 @@ On a cluster three things go wrong with torchrun alone, and this wrapper owns th
   chart's `restartPolicy: ExitCode` treats as permanent (1-127: pkg/util/train/train_util.go:24-26
   in training-operator v1.9.4). An error the trainer can only see later (a checkpoint of
   another model, say) is reported by the trainer in a file this wrapper watches: it stops
-  torchrun at once and exits 2 as well.
+  torchrun at once and exits 2 as well. So does a crash that comes back: each rank notes
+  where and how it crashed in a folder that outlives torchrun's restarts and relaunches,
+  and the same error at the same step again is reported as permanent
+  (trainer/distributed/recurrence.py).
 - The rendezvous host (worker-0) has a DNS name only once its pod is Ready
   (common/service.go:229-244): while it pulls a 5 GB image or waits for a node, torchrun on
   the other pods cannot resolve it and exits after about 104 s, spending restarts. So a pod
@@ -40,6 +43,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -51,6 +55,7 @@ from trainer.config import ConfigError
 from trainer.config.argparsing import OneLineParser
 from trainer.distributed.heartbeat import HEARTBEAT_DIR_ENV
 from trainer.distributed.liveness import serve_health
+from trainer.distributed.recurrence import CRASH_DIR_ENV
 from trainer.telemetry.lines import write_line
 
 EXIT_GAVE_UP = 1
@@ -211,27 +216,50 @@ def reap_orphans(keep: int) -> None:
                     os.waitpid(child.pid, os.WNOHANG)
 
 
+TRACEBACK = b"Traceback (most recent call last):"
+# what Python prints between the tracebacks of a chain of exceptions
+CHAINED = (b"During handling of the above exception", b"The above exception was the direct cause")
+
+
 def relay(stream: BinaryIO, stopping: list[int], said: list[bytes]) -> None:
     """Copy torchrun's stderr (its workers' too) to ours. Once this pod is stopping, torchrun's
-    own report of the signal, a traceback ending in SignalException and its warnings about
-    closing workers, is left out: the trainer's one line says what the stop saved. Rank 0's
-    error lines are noted in `said`."""
+    own report of the signal, a traceback (or a chain of them) ending in SignalException, and
+    its warnings about closing workers, are left out: the trainer's one line says what the
+    stop saved. Once a worker has said a permanent error (this wrapper then kills torchrun),
+    only error lines follow: the rest is the teardown's, such as a peer pod's store gone
+    (c10d's warning and its C++ stack). Rank 0's error lines are noted in `said`."""
     held: list[bytes] = []
+    between = False  # `held` ends with a traceback's last line: a chained one may follow
+    failed = False
     for line in iter(stream.readline, b""):
         if line.startswith(ERROR_PREFIX.encode()):
             said.append(line)
-        if stopping and (held or line.startswith(b"Traceback (most recent call last):")):
+        error = ERROR_PREFIX.encode() in line  # rank 0's, or another's with its rank's prefix
+        if failed and not error:
+            continue
+        failed = failed or error
+        if held and between:
+            if line.startswith((TRACEBACK, *CHAINED)) or not line.strip():
+                held.append(line)
+                between = not line.startswith(TRACEBACK)
+                continue
+            _write_unless_signal(held)
+            held, between = [], False
+        if stopping and (held or line.startswith(TRACEBACK)):
             held.append(line)
-            if not line.startswith((b" ", b"Traceback")):  # a traceback's last line
-                if b"SignalException" not in line:
-                    sys.stderr.buffer.write(b"".join(held))
-                held = []
+            between = not line.startswith((b" ", TRACEBACK))  # a traceback's last line
             continue
         if stopping and (b"closing signal SIG" in line or b"death signal, shutting down" in line):
             continue
         sys.stderr.buffer.write(line)
         sys.stderr.buffer.flush()
-    sys.stderr.buffer.write(b"".join(held))
+    _write_unless_signal(held)
+
+
+def _write_unless_signal(traceback: list[bytes]) -> None:
+    """A held traceback, unless it is the report of the signal this pod was stopped by."""
+    if not any(b"SignalException" in line for line in traceback if not line.startswith(b" ")):
+        sys.stderr.buffer.write(b"".join(traceback))
     sys.stderr.buffer.flush()
 
 
@@ -242,13 +270,40 @@ def _say_error(fatal_file: Path) -> None:
         write_line(ERROR_PREFIX + line.partition(ERROR_PREFIX)[2])
 
 
-def run_torchrun(
-    torchrun_args: Sequence[str], fatal_file: Path, stopping: list[int], heartbeats: Path
-) -> int:
+@dataclass(frozen=True)
+class PodFiles:
+    """What this pod's ranks tell the wrapper through files, each under the temp folder and
+    named for this process: a fatal error (`fatal`), their heartbeat records
+    (`heartbeats`, which `/healthz` reads), and how each crashed last (`crashes`, which
+    outlive torchrun's restarts and relaunches so that a crash that recurs is permanent)."""
+
+    fatal: Path
+    heartbeats: Path
+    crashes: Path
+
+    @classmethod
+    def of_this_process(cls) -> PodFiles:
+        base = Path(tempfile.gettempdir()) / f"ddp-launch-{os.getpid()}"
+        return cls(base.with_suffix(".fatal"), base.with_suffix(".heartbeats"), base.with_suffix(".crashes"))
+
+    def env(self) -> dict[str, str]:
+        return {
+            FATAL_FILE_ENV: str(self.fatal),
+            HEARTBEAT_DIR_ENV: str(self.heartbeats),
+            CRASH_DIR_ENV: str(self.crashes),
+        }
+
+    def remove(self) -> None:
+        self.fatal.unlink(missing_ok=True)
+        shutil.rmtree(self.heartbeats, ignore_errors=True)
+        shutil.rmtree(self.crashes, ignore_errors=True)
+
+
+def run_torchrun(torchrun_args: Sequence[str], files: PodFiles, stopping: list[int]) -> int:
     """One torchrun, in a session of its own so that a terminal's Ctrl-C reaches it only
-    through us, once, as SIGTERM; stopped at once when a worker reports a fatal error. Its
-    ranks keep their heartbeat records under `heartbeats`, where `/healthz` reads them."""
-    env = {**RDZV_ENV, **os.environ, FATAL_FILE_ENV: str(fatal_file), HEARTBEAT_DIR_ENV: str(heartbeats)}
+    through us, once, as SIGTERM; stopped at once when a worker reports a fatal error."""
+    fatal_file = files.fatal
+    env = {**RDZV_ENV, **os.environ, **files.env()}
     process = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", *torchrun_args],
         env=env,
@@ -300,31 +355,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):  # while waiting: leave at once
         signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
     target = rendezvous_host(torchrun_args, dict(os.environ))
-    fatal_file = Path(tempfile.gettempdir()) / f"ddp-launch-{os.getpid()}.fatal"
-    heartbeats = Path(tempfile.gettempdir()) / f"ddp-launch-{os.getpid()}.heartbeats"
+    files = PodFiles.of_this_process()
     server = None
     if options.health_port:
         try:
-            server = serve_health((options.health_address, options.health_port), heartbeats)
+            server = serve_health((options.health_address, options.health_port), files.heartbeats)
         except OSError as error:
             where = f"{options.health_address or '*'}:{options.health_port}"
             _say(f"error: --health-port {options.health_port}: cannot listen on {where} ({error.strerror})")
             return EXIT_CONFIG_ERROR
     try:
-        return _launch(options, torchrun_args, target, fatal_file, heartbeats)
+        return _launch(options, torchrun_args, target, files)
     finally:
         if server is not None:
             server.shutdown()
-        fatal_file.unlink(missing_ok=True)
-        shutil.rmtree(heartbeats, ignore_errors=True)
+        files.remove()
 
 
 def _launch(
     options: argparse.Namespace,
     torchrun_args: list[str],
     target: tuple[str, str] | None,
-    fatal_file: Path,
-    heartbeats: Path,
+    files: PodFiles,
 ) -> int:
     """Wait for the host, run torchrun, and run it again after a failure, within the budget."""
     stopping: list[int] = []  # the signal this pod got, once it got one
@@ -336,8 +388,8 @@ def _launch(
                 "check that its pod is scheduled (kubectl describe pod)"
             )
             return EXIT_GAVE_UP
-        fatal_file.unlink(missing_ok=True)
-        code = run_torchrun(torchrun_args, fatal_file, stopping, heartbeats)
+        files.fatal.unlink(missing_ok=True)
+        code = run_torchrun(torchrun_args, files, stopping)
         if code in (0, EXIT_CONFIG_ERROR) or stopping:
             return code
         if attempt < options.relaunches:

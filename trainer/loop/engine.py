@@ -139,6 +139,7 @@ class Trainer:
         self.checkpoints.open_snapshots(self.state.size_bytes(self.config.optim))
         with self.heartbeat.phase(phases.RESUME):
             self._restore()
+            self.heartbeat.resumed_at(self.progress.step)
         self._plan()
         self.checkpoints.start()
         self.model = DistributedDataParallel(

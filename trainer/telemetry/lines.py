@@ -9,7 +9,11 @@ PIPE_BUF bytes (4096 on Linux) is atomic on a pipe, so one write per line keeps 
 
 from __future__ import annotations
 
+import hashlib
+import os
 import sys
+import time
+from pathlib import Path
 from typing import TextIO
 
 
@@ -18,3 +22,25 @@ def write_line(text: str, stream: TextIO | None = None) -> None:
     stream = sys.stderr if stream is None else stream
     stream.write(text + "\n")
     stream.flush()
+
+
+def first_to_say(text: str, defer_s: float = 0.0) -> bool:
+    """Whether no other worker of this torchrun attempt has said `text` yet, after letting
+    the one that should say it (the node's first rank) go first for `defer_s`. The ranks of a
+    node that meet the same error (a config, a plug-in) say it once between them, where a
+    line per rank repeated it. The marker lies in torchrun's folder for this attempt, the
+    parent of each worker's TORCHELASTIC_ERROR_FILE (`attempt_N/LOCAL_RANK/error.json`,
+    torch/distributed/elastic/multiprocessing/api.py:313-390 in torch 2.13), which is new for
+    each torchrun and each restart; without one (a lone process) every line is said."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not error_file:
+        return True
+    time.sleep(defer_s)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    try:
+        (Path(error_file).parents[1] / f"said-{digest}").touch(exist_ok=False)
+    except FileExistsError:
+        return False
+    except OSError:  # the folder is gone or read-only: better said twice than never
+        pass
+    return True
