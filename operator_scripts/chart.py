@@ -53,22 +53,38 @@ class ValuesError(ValueError):
     """A chart value the trainer would refuse, said in the trainer's one line."""
 
 
-def check_top_level(values: dict[str, Any]) -> None:
-    """A top-level key the chart does not have is refused by its schema as `additional
-    properties 'model' not allowed`, at ''. Most often it is a trainer setting given without
-    its `trainer.config.` prefix, or a typo; either is said here, with the fix."""
-    chart_keys = list(yaml.safe_load(VALUES_FILE.read_text()))
-    sections = [field.name for field in dataclasses.fields(Config)]
-    for key in values:
-        if key in chart_keys:
+def check_chart_keys(values: dict[str, Any]) -> None:
+    """A key the chart does not have is refused by its schema as `additional properties
+    'model' not allowed` at a JSON pointer. Most often it is a trainer setting given without
+    its `trainer.config.` prefix, or a typo; either is said here with the full path and the
+    fix. Free-form maps (labels, resources, `nccl.env`) and `trainer.config` (the trainer's
+    own check) are not walked."""
+    _check_keys(values, json.loads(SCHEMA_FILE.read_text()), [])
+
+
+def _check_keys(values: dict[str, Any], schema: dict[str, Any], path: list[str]) -> None:
+    known = schema.get("properties", {})
+    for key, value in values.items():
+        where = ".".join([*path, key])
+        if key in known:
+            if isinstance(value, dict) and where != "trainer.config":
+                _check_keys(value, known[key], [*path, key])
             continue
-        if key in sections:
+        if schema.get("additionalProperties") is not False:
+            continue
+        if not path and key in [field.name for field in dataclasses.fields(Config)]:
             raise ValuesError(
                 f"{key}: not a chart value; trainer settings go under trainer.config.* "
                 f"(--set trainer.config.{key}.…)"
             )
-        hint = did_you_mean(key, {name: name for name in chart_keys})
-        raise ValuesError(f"{key}: not a chart value; {hint}see helm/README.md for the chart's values")
+        if where.startswith("checkpoints.s3.") and re.search("secret|key|password|token", key, re.I):
+            raise ValuesError(
+                f"{where}: not a chart value; credentials go in a Secret, named by "
+                "checkpoints.s3.existingSecret (or none, with IRSA), never in values"
+            )
+        siblings = {name: ".".join([*path, name]) for name in known}
+        hint = did_you_mean(key, siblings)
+        raise ValuesError(f"{where}: not a chart value; {hint}see helm/README.md for the chart's values")
 
 
 def check_trainer_config(values: dict[str, Any]) -> None:
@@ -92,7 +108,7 @@ def render(
     schema or a template refuses."""
     from helm_python import Chart, Config
 
-    check_top_level(values or {})
+    check_chart_keys(values or {})
     check_trainer_config(values or {})
     chart = Chart.load(CHART_DIR)
     result = Config().install(chart, release, values or {}, namespace=namespace, dry_run="client")
