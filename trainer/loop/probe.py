@@ -33,7 +33,6 @@ class ProbeFailed(Exception):
     """Where in the step the batch failed (forward, loss or backward), and why."""
 
     def __init__(self, stage: str, error: Exception) -> None:
-        self.stage, self.error = stage, error
         super().__init__(f"{stage}: {type(error).__name__}: {first_line(error)}".rstrip(": "))
 
 

@@ -1,0 +1,62 @@
+"""The one-batch probe of model and data before any process group (trainer/loop/probe.py):
+a model that does not fit its data is one line naming both; one that fits passes, with its
+weights, gradients and the RNG as they were, also where the meta device cannot run it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from trainer.config import ConfigError, load_config
+from trainer.data import build_data
+from trainer.loop.probe import probe_plugins
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def digits():
+    config = load_config("digits")
+    return config, build_data(config.data, config.seed)
+
+
+class Reads(nn.Module):
+    """Fits the data, but reads a value (`.item()`), which no meta tensor has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(64, 10), nn.BatchNorm1d(10))
+        self.seen = 0.0
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        self.seen += inputs.abs().sum().item()
+        return self.layers(inputs)
+
+
+def test_a_model_that_fits_passes_and_nothing_of_it_or_the_rng_changes(digits):
+    config, splits = digits
+    model = Reads()  # meta cannot run it: the real run on a copy decides
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    probe_plugins(config, splits, model, CPU)
+    assert torch.equal(rng, torch.get_rng_state())
+    assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())
+    assert model.seen == 0.0 and all(parameter.grad is None for parameter in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("model", "failure"),
+    [
+        (nn.Linear(64, 10), "fails in the forward: RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
+        (nn.Sequential(nn.Flatten(0)), "fails in the loss: "),  # a 1-D output: no class axis
+    ],
+)
+def test_a_model_that_does_not_fit_its_data_is_one_line_naming_both(digits, model, failure):
+    config, splits = digits
+    with pytest.raises(ConfigError) as raised:
+        probe_plugins(config, splits, model, CPU)
+    line = str(raised.value)
+    shapes = "(inputs (32, 1, 8, 8) float32, targets (32,) int64)"
+    assert line.startswith(f"model.name='cnn': one batch of data.name='digits' {shapes} "), line
+    assert failure in line and "\n" not in line, line
