@@ -27,6 +27,7 @@ import pytest
 import torch
 import yaml
 
+from benchmarks.namespaces import enter_private_network, isolation_available
 from trainer.config import CheckpointConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,9 +82,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 # The tests that run `ddp-ops local`'s process runtime, which holds the host's ports
-# (process_runtime.claim_host_ports): under xdist they are one unit of work, run one after
-# another on one worker. (xdist's own `xdist_group` mark cannot do it under pytest 9: its
-# worker renames `item._nodeid`, which pytest 9's nodes no longer read.)
+# (process_runtime.claim_host_ports). Each xdist worker is a host of its own where this
+# machine allows it (root: a network namespace per worker, benchmarks/namespaces.py), and
+# then they spread over the workers like any test; elsewhere they are one unit of work, run
+# one after another on one worker. (xdist's own `xdist_group` mark cannot do it under
+# pytest 9: its worker renames `item._nodeid`, which pytest 9's nodes no longer read.)
 LOCAL_PODS = (
     "tests/test_local.py::",
     "tests/test_liveness.py::",
@@ -91,19 +94,56 @@ LOCAL_PODS = (
     "tests/test_shards_jobs.py::",
     "tests/test_cli.py::test_local_command_runs_the_cpu_scenario",
 )
+OWN_NETWORK = "own_network"
+WORKERS_ISOLATED = pytest.StashKey[bool]()
+NAMESPACE_FILES = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _is_controller(config):
+        config.stash[WORKERS_ISOLATED] = isolation_available()
+    elif config.workerinput.get(OWN_NETWORK):
+        # before any test opens a socket or starts a process; the folder goes with the worker
+        config.stash[NAMESPACE_FILES] = Path(tempfile.mkdtemp(prefix="ddp-tests-host-"))
+        enter_private_network(config.stash[NAMESPACE_FILES])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if NAMESPACE_FILES in config.stash:
+        shutil.rmtree(config.stash[NAMESPACE_FILES], ignore_errors=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests first (a raised timeout, then the multi-process `slow` ones), in
+    collection order otherwise: on xdist the one-process tests then fill the last minutes,
+    where a multi-process test handed out late would run on alone with the other cores idle."""
+
+    def expected_length(item: pytest.Item) -> tuple[float, bool]:
+        raised = item.get_closest_marker("timeout")
+        return -(raised.args[0] if raised else 0), item.get_closest_marker("slow") is None
+
+    items.sort(key=expected_length)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: object) -> None:
+    node.workerinput[OWN_NETWORK] = node.config.stash[WORKERS_ISOLATED]
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Each test its own unit of work, as xdist's `load`, but the LOCAL_PODS tests one unit;
-    it is handed out where the first of them is collected (test_cli.py), early in the run."""
+    """Each test its own unit of work, as xdist's `load`; the LOCAL_PODS tests one unit
+    where the workers share the host's network, handed out where the first of them is
+    collected (test_cli.py), early in the run."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class LocalPodsTogether(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "local-pods" if nodeid.startswith(LOCAL_PODS) else nodeid
+    together = not config.stash[WORKERS_ISOLATED]
 
-    return LocalPodsTogether(config, log)
+    class EachTestItsOwn(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "local-pods" if together and nodeid.startswith(LOCAL_PODS) else nodeid
+
+    return EachTestItsOwn(config, log)
 
 
 def pod_snapshot_steps(pod_folder: Path) -> list[int]:

@@ -1,0 +1,81 @@
+"""Network namespaces for the harnesses: a process that is a host of its own.
+
+A process in a network namespace of its own has its own loopback, ports and abstract Unix
+sockets (unix(7): the abstract namespace is per network namespace). The test suite gives each
+xdist worker one, so two `ddp-ops local` runs, each a set of pods on 127.0.0.x with a
+rendezvous store listening on every address, run side by side as on two hosts.
+
+Such a host reaches no DNS server, and glibc's getnameinfo then fails with EAI_AGAIN instead of
+falling back to the numeric address, which c10d prints on every accepted connection ("The
+hostname of the client socket cannot be retrieved. err=-3"). So the namespace also gets a
+mount namespace of its own where /etc/nsswitch.conf resolves host names from /etc/hosts
+alone, as an air-gapped host would.
+
+Needs root (CAP_SYS_ADMIN); `isolation_available` says whether this machine allows it. A
+namespace made by `unshare` has no name and nothing to remove: the kernel frees it with the
+last process in it, and a private mount namespace's mounts never reach the host's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import fcntl
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+from pathlib import Path
+
+CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000  # linux/sched.h
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000  # linux/mount.h
+NSSWITCH = Path("/etc/nsswitch.conf")
+SIOCGIFFLAGS, SIOCSIFFLAGS = 0x8913, 0x8914  # linux/sockios.h
+IFF_UP = 0x1  # linux/if.h
+IFREQ = struct.Struct("16sH22x")  # struct ifreq: the name, then ifr_flags in a 24-byte union
+
+
+def isolation_available() -> bool:
+    """Whether this process may give a child a network namespace of its own (root, and a
+    kernel and container that allow it): tried once with util-linux's `unshare`."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = ["unshare", "--net", "--mount", "true"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+def enter_private_network(workdir: Path) -> None:
+    """Move the calling thread (and every process and thread it starts after) into a new
+    network namespace whose loopback is up, as a fresh host's is (127.0.0.0/8 and ::1 come
+    with it: the kernel adds them when `lo` goes up), and whose host names come from
+    /etc/hosts only. WORKDIR must outlive the namespace: it holds the nsswitch.conf bound over
+    the host's (mounting over a mount whose file is gone fails with ENOENT, and the pods of
+    `ddp-ops local` mount their own over it)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    _check(libc, libc.unshare(CLONE_NEWNET | CLONE_NEWNS), "unshare(CLONE_NEWNET|CLONE_NEWNS)")
+    # private first: a bind mount in a mount namespace that shares propagation with the
+    # host's would appear on the host too
+    _check(libc, libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount / private")
+    if NSSWITCH.exists():  # musl and friends have no NSS: nothing to bind over
+        copy = workdir / NSSWITCH.name
+        text, found = re.subn(r"(?m)^hosts:.*$", "hosts: files", NSSWITCH.read_text())
+        copy.write_text(text if found else text + "hosts: files\n")
+        bind = libc.mount(bytes(copy), bytes(NSSWITCH), None, MS_BIND, None)
+        _check(libc, bind, f"bind mount over {NSSWITCH}")
+    set_link_up("lo")
+
+
+def _check(libc: ctypes.CDLL, result: int, what: str) -> None:
+    if result != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"{what}: {os.strerror(error)}")
+
+
+def set_link_up(name: str) -> None:
+    """Bring a link of this namespace up (what `ip link set NAME up` does), without iproute2."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as control:
+        request = IFREQ.pack(name.encode(), 0)
+        flags = IFREQ.unpack(fcntl.ioctl(control, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(control, SIOCSIFFLAGS, IFREQ.pack(name.encode(), flags | IFF_UP))
