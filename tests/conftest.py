@@ -332,6 +332,27 @@ def load_checkpoint(root: Path, step: int | None = None) -> dict:
     return torch.load(root / f"step-{step}" / "checkpoint.pt", weights_only=True)
 
 
+def assert_bits_of_an_uninterrupted_run(
+    rendered: object, recovered: dict, workdir: Path, env: dict[str, str] | None = None
+) -> None:
+    """The recovered checkpoint has the bits of the chart's config run start to end on this
+    host: a container's folders (checkpoints, snapshots, the cache in /tmp) moved into
+    WORKDIR, so the reference leaves nothing in the host's /tmp or /dev/shm."""
+    (config_map,) = [c for c in rendered.of_kind("ConfigMap") if c["metadata"]["name"].endswith("-config")]
+    config = workdir / "config.yaml"
+    config.write_text(config_map["data"]["config.yaml"])
+    here = (
+        f"checkpoint.uri=reference,checkpoint.snapshot_dir={workdir / 'shm'},"
+        f"checkpoint.cache_dir={workdir / 'cache'},metrics.port=0"
+    )
+    reference = run_torchrun(["--config", str(config), "--set", here], workdir, env=env)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    expected = load_checkpoint(workdir / "reference")
+    assert expected["progress"] == recovered["progress"]
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, recovered["model"][name]), name
+
+
 @dataclass
 class S3Bucket:
     """A bucket on the moto server, the environment a trainer needs to reach it, and a

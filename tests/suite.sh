@@ -1,7 +1,8 @@
 #!/bin/sh
 # `make test`: the whole suite in two parts, then its wall time against its budget.
 #  1. every test but the `alone` ones, side by side on xdist workers: most of a test is
-#     waiting (process start-ups, back-offs, timeouts), and the waits overlap; the tests of
+#     waiting (process start-ups, back-offs, timeouts), and the waits overlap; each worker
+#     is a host of its own where root allows it (a network namespace), else the tests of
 #     `ddp-ops local`'s process runtime share one worker (tests/conftest.py, LOCAL_PODS);
 #  2. the `alone` tests, one at a time, with the machine to themselves.
 # Each part prints its slowest tests, so a slow newcomer shows where it lands.

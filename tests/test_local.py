@@ -13,16 +13,14 @@ import time
 from contextlib import closing
 
 import pytest
-import torch
 from conftest import (
     HELPERS,
     REPO,
+    assert_bits_of_an_uninterrupted_run,
     assert_lost_within,
     free_port,
-    load_checkpoint,
     pod_snapshot_steps,
     process_env,
-    run_torchrun,
 )
 
 from operator_scripts.chart import merge_values, render
@@ -148,16 +146,7 @@ def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapsh
     assert any("world size 2 (2 nodes x 1 process)" in line for line in lines)  # rank 0 streamed
     assert s3_bucket.latest_step(prefix) == 60
 
-    (config_map,) = [c for c in rendered.of_kind("ConfigMap") if c["metadata"]["name"].endswith("-config")]
-    config = workdir / "config.yaml"
-    config.write_text(config_map["data"]["config.yaml"])
-    local = f"checkpoint.uri=reference,checkpoint.snapshot_dir={workdir / 'shm'},metrics.port=0"
-    reference = run_torchrun(["--config", str(config), "--set", local], workdir)
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    expected, recovered = load_checkpoint(workdir / "reference"), s3_bucket.load(prefix)
-    assert expected["progress"] == recovered["progress"]
-    for name, tensor in expected["model"].items():
-        assert torch.equal(tensor, recovered["model"][name]), name
+    assert_bits_of_an_uninterrupted_run(rendered, s3_bucket.load(prefix), workdir)
 
 
 @pytest.mark.slow

@@ -9,17 +9,15 @@ import os
 import re
 
 import pytest
-import torch
 from conftest import (
     HELPERS,
     REPO,
     S3Bucket,
+    assert_bits_of_an_uninterrupted_run,
     assert_lost_within,
     free_port,
-    load_checkpoint,
     pod_snapshot_steps,
     process_env,
-    run_torchrun,
     s3_env,
 )
 
@@ -93,18 +91,7 @@ def test_a_pod_lost_mid_epoch_on_s3_shards_resumes_bit_exact(s3_bucket, shards_i
     assert_lost_within(held, "ddp-run-ddp-trainer-worker-0", int(resumed[0][0]), int(resumed[0][1]), bound=5)
     assert int(resumed[0][0]) > 19, "the kill was not mid-epoch 2"
 
-    (config_map,) = [c for c in rendered.of_kind("ConfigMap") if c["metadata"]["name"].endswith("-config")]
-    config = workdir / "config.yaml"
-    config.write_text(config_map["data"]["config.yaml"])
-    local = f"checkpoint.uri=reference,checkpoint.snapshot_dir={workdir / 'shm'},metrics.port=0"
-    reference = run_torchrun(
-        ["--config", str(config), "--set", local], workdir, env=s3_env(s3_bucket.endpoint)
-    )
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    expected, recovered = load_checkpoint(workdir / "reference"), s3_bucket.load("run")
-    assert expected["progress"] == recovered["progress"]
-    for name, tensor in expected["model"].items():
-        assert torch.equal(tensor, recovered["model"][name]), name
+    assert_bits_of_an_uninterrupted_run(rendered, s3_bucket.load("run"), workdir, s3_env(s3_bucket.endpoint))
 
 
 @pytest.mark.slow
