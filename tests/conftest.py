@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import fcntl
+import hashlib
 import io
 import json
 import logging
@@ -29,6 +32,7 @@ import yaml
 
 from benchmarks.namespaces import enter_private_network, isolation_available
 from trainer.config import CheckpointConfig
+from trainer.config.schema import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).parent / "helpers"
@@ -332,22 +336,56 @@ def load_checkpoint(root: Path, step: int | None = None) -> dict:
     return torch.load(root / f"step-{step}" / "checkpoint.pt", weights_only=True)
 
 
+@pytest.fixture(scope="session")
+def references(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for the whole test run, every xdist worker's (each worker's base temp is a
+    `popen-gwN` folder inside the run's): the uninterrupted runs tests compare against, each
+    run once however many tests ask for it."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "references"
+    root.mkdir(exist_ok=True)
+    return root
+
+
+def uninterrupted_checkpoint(references: Path, config: Path, env: dict[str, str] | None = None) -> dict:
+    """The final checkpoint of CONFIG run start to end by two ranks on this host, with a
+    container's folders (checkpoints, snapshots, the cache in /tmp) in a folder of its own,
+    so that it leaves nothing in the host's /tmp or /dev/shm. Run once per effective config
+    (and plug-in path) in a test run: a second test asking for it, on any worker, waits for
+    the first one's run and reads its checkpoint."""
+
+    def own_folders(entry: Path) -> list[str]:
+        return [
+            f"checkpoint.uri={entry / 'checkpoints'}",
+            f"checkpoint.snapshot_dir={entry / 'shm'}",
+            f"checkpoint.cache_dir={entry / 'cache'}",
+            "metrics.port=0",
+        ]
+
+    effective = dataclasses.asdict(load_config(str(config), own_folders(Path("/entry"))))
+    plugins = (env or {}).get("PYTHONPATH", "")
+    key = hashlib.sha256(json.dumps([effective, plugins], sort_keys=True, default=str).encode()).hexdigest()
+    entry = references / key[:16]
+    with open(f"{entry}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (entry / "checkpoints" / "latest.json").is_file():
+            shutil.rmtree(entry, ignore_errors=True)  # a run that failed before
+            entry.mkdir()
+            arguments = ["--config", str(config), "--set", ",".join(own_folders(entry))]
+            run = run_torchrun(arguments, entry, env=env)
+            assert run.returncode == 0, run.stderr[-3000:]
+    return load_checkpoint(entry / "checkpoints")
+
+
 def assert_bits_of_an_uninterrupted_run(
-    rendered: object, recovered: dict, workdir: Path, env: dict[str, str] | None = None
+    rendered: object, recovered: dict, references: Path, env: dict[str, str] | None = None
 ) -> None:
     """The recovered checkpoint has the bits of the chart's config run start to end on this
-    host: a container's folders (checkpoints, snapshots, the cache in /tmp) moved into
-    WORKDIR, so the reference leaves nothing in the host's /tmp or /dev/shm."""
+    host (`uninterrupted_checkpoint`): weights and progress."""
     (config_map,) = [c for c in rendered.of_kind("ConfigMap") if c["metadata"]["name"].endswith("-config")]
-    config = workdir / "config.yaml"
+    config = Path(tempfile.mkdtemp()) / "config.yaml"
     config.write_text(config_map["data"]["config.yaml"])
-    here = (
-        f"checkpoint.uri=reference,checkpoint.snapshot_dir={workdir / 'shm'},"
-        f"checkpoint.cache_dir={workdir / 'cache'},metrics.port=0"
-    )
-    reference = run_torchrun(["--config", str(config), "--set", here], workdir, env=env)
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    expected = load_checkpoint(workdir / "reference")
+    expected = uninterrupted_checkpoint(references, config, env)
     assert expected["progress"] == recovered["progress"]
     for name, tensor in expected["model"].items():
         assert torch.equal(tensor, recovered["model"][name]), name

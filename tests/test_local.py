@@ -84,7 +84,7 @@ def test_pod_names_labels_and_rank0_selector():
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapshot_bit_exact(
-    s3_bucket, tmp_path, workdir, kind
+    s3_bucket, tmp_path, references, kind
 ):
     """Two CPU pods from the chart, snapshots every 5 steps, S3 checkpoints only at the end,
     metrics on. One pod's process tree is SIGKILLed: it is re-created with an empty /dev/shm
@@ -146,7 +146,7 @@ def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapsh
     assert any("world size 2 (2 nodes x 1 process)" in line for line in lines)  # rank 0 streamed
     assert s3_bucket.latest_step(prefix) == 60
 
-    assert_bits_of_an_uninterrupted_run(rendered, s3_bucket.load(prefix), workdir)
+    assert_bits_of_an_uninterrupted_run(rendered, s3_bucket.load(prefix), references)
 
 
 @pytest.mark.slow

@@ -64,7 +64,7 @@ def host_env() -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_a_pod_lost_mid_epoch_on_s3_shards_resumes_bit_exact(s3_bucket, shards_in_s3, tmp_path, workdir):
+def test_a_pod_lost_mid_epoch_on_s3_shards_resumes_bit_exact(s3_bucket, shards_in_s3, tmp_path, references):
     values = chart_values(
         s3_bucket, shards_in_s3,
         "trainer.config.data.options.delay_s=0.002,trainer.config.train.max_steps=60,"
@@ -91,7 +91,8 @@ def test_a_pod_lost_mid_epoch_on_s3_shards_resumes_bit_exact(s3_bucket, shards_i
     assert_lost_within(held, "ddp-run-ddp-trainer-worker-0", int(resumed[0][0]), int(resumed[0][1]), bound=5)
     assert int(resumed[0][0]) > 19, "the kill was not mid-epoch 2"
 
-    assert_bits_of_an_uninterrupted_run(rendered, s3_bucket.load("run"), workdir, s3_env(s3_bucket.endpoint))
+    recovered = s3_bucket.load("run")
+    assert_bits_of_an_uninterrupted_run(rendered, recovered, references, s3_env(s3_bucket.endpoint))
 
 
 @pytest.mark.slow
