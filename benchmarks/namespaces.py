@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import fcntl
+import functools
 import os
 import re
 import shutil
@@ -29,17 +30,20 @@ import struct
 import subprocess
 from pathlib import Path
 
+from operator_scripts.pod_sandbox import bind_mount
+
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000  # linux/sched.h
-MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000  # linux/mount.h
+MS_REC, MS_PRIVATE = 0x4000, 0x40000  # linux/mount.h
 NSSWITCH = Path("/etc/nsswitch.conf")
 SIOCGIFFLAGS, SIOCSIFFLAGS = 0x8913, 0x8914  # linux/sockios.h
 IFF_UP = 0x1  # linux/if.h
 IFREQ = struct.Struct("16sH22x")  # struct ifreq: the name, then ifr_flags in a 24-byte union
 
 
+@functools.cache
 def isolation_available() -> bool:
     """Whether this process may give a child a network namespace of its own (root, and a
-    kernel and container that allow it): tried once with util-linux's `unshare`."""
+    kernel and container that allow it): tried once, with util-linux's `unshare`."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         return False
     probe = ["unshare", "--net", "--mount", "true"]
@@ -62,8 +66,7 @@ def enter_private_network(workdir: Path) -> None:
         copy = workdir / NSSWITCH.name
         text, found = re.subn(r"(?m)^hosts:.*$", "hosts: files", NSSWITCH.read_text())
         copy.write_text(text if found else text + "hosts: files\n")
-        bind = libc.mount(bytes(copy), bytes(NSSWITCH), None, MS_BIND, None)
-        _check(libc, bind, f"bind mount over {NSSWITCH}")
+        bind_mount(str(copy), str(NSSWITCH))
     set_link_up("lo")
 
 

@@ -99,14 +99,11 @@ LOCAL_PODS = (
     "tests/test_cli.py::test_local_command_runs_the_cpu_scenario",
 )
 OWN_NETWORK = "own_network"
-WORKERS_ISOLATED = pytest.StashKey[bool]()
 NAMESPACE_FILES = pytest.StashKey[Path]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if _is_controller(config):
-        config.stash[WORKERS_ISOLATED] = isolation_available()
-    elif config.workerinput.get(OWN_NETWORK):
+    if not _is_controller(config) and config.workerinput.get(OWN_NETWORK):
         # before any test opens a socket or starts a process; the folder goes with the worker
         config.stash[NAMESPACE_FILES] = Path(tempfile.mkdtemp(prefix="ddp-tests-host-"))
         enter_private_network(config.stash[NAMESPACE_FILES])
@@ -131,7 +128,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: object) -> None:
-    node.workerinput[OWN_NETWORK] = node.config.stash[WORKERS_ISOLATED]
+    node.workerinput[OWN_NETWORK] = isolation_available()
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -141,7 +138,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     collected (test_cli.py), early in the run."""
     from xdist.scheduler import LoadScopeScheduling
 
-    together = not config.stash[WORKERS_ISOLATED]
+    together = not isolation_available()
 
     class EachTestItsOwn(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
