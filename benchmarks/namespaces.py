@@ -1,4 +1,5 @@
-"""Network namespaces for the harnesses: a process that is a host of its own.
+"""Network namespaces for the harnesses: a process that is a host of its own, and hosts
+joined by links that can be cut (`linked_hosts`).
 
 A process in a network namespace of its own has its own loopback, ports and abstract Unix
 sockets (unix(7): the abstract namespace is per network namespace). The test suite gives each
@@ -28,6 +29,9 @@ import shutil
 import socket
 import struct
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from operator_scripts.pod_sandbox import bind_mount
@@ -82,3 +86,64 @@ def set_link_up(name: str) -> None:
         request = IFREQ.pack(name.encode(), 0)
         flags = IFREQ.unpack(fcntl.ioctl(control, SIOCGIFFLAGS, request))[1]
         fcntl.ioctl(control, SIOCSIFFLAGS, IFREQ.pack(name.encode(), flags | IFF_UP))
+
+
+@dataclass
+class Network:
+    """Hosts in network namespaces of their own, each linked by a veth pair to one switch (a
+    bridge in a namespace of its own), as nodes on one rack: `cut` unplugs a host's cable at
+    the switch, so that its packets are lost (no error, no reset: a real partition's
+    retransmits and timeouts), and `heal` plugs it back. Made by `linked_hosts`, which
+    removes every namespace, and with them every link and address, pass or fail."""
+
+    names: list[str]
+    switch: str
+    addresses: list[str]
+
+    def prefix(self, host: int) -> list[str]:
+        """The command prefix that runs a program on `host`."""
+        return ["ip", "netns", "exec", self.names[host]]
+
+    def cut(self, host: int) -> None:
+        _ip("-n", self.switch, "link", "set", _port(host), "down")
+
+    def heal(self, host: int) -> None:
+        _ip("-n", self.switch, "link", "set", _port(host), "up")
+
+
+@contextmanager
+def linked_hosts(count: int, subnet: str = "10.77.0") -> Iterator[Network]:
+    """`count` hosts at SUBNET.1, SUBNET.2, ... on one switch; needs root (`ip` of iproute2)."""
+    tag = f"ddp{os.getpid()}"
+    network = Network([f"{tag}-host{index}" for index in range(count)], f"{tag}-switch", [])
+    made: list[str] = []
+    try:
+        for name in (network.switch, *network.names):
+            _ip("netns", "add", name)
+            made.append(name)
+        _ip("-n", network.switch, "link", "add", "switch", "type", "bridge")
+        _ip("-n", network.switch, "link", "set", "switch", "up")
+        for index, name in enumerate(network.names):
+            address = f"{subnet}.{index + 1}"
+            # created in the switch's namespace, so that no link ever exists in the caller's
+            _ip("-n", network.switch, "link", "add", _port(index), "type", "veth", "peer", "name", "eth0")
+            _ip("-n", network.switch, "link", "set", "eth0", "netns", name)
+            _ip("-n", network.switch, "link", "set", _port(index), "master", "switch", "up")
+            _ip("-n", name, "addr", "add", f"{address}/24", "dev", "eth0")
+            _ip("-n", name, "link", "set", "eth0", "up")
+            _ip("-n", name, "link", "set", "lo", "up")
+            network.addresses.append(address)
+        yield network
+    finally:
+        for name in reversed(made):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def _port(host: int) -> str:
+    return f"port{host}"
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise OSError(f"ip {' '.join(args)}: {done.stderr.strip()}")

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from chart_scenarios import K8S_VERSION, SCENARIOS, pod_templates, scenario, trainer_container
 from helm_python import HelmError, lint
+from trainer_v2_rules import node_job
 
 from operator_scripts.chart import CHART_DIR, ValuesError, documented_keys, merge_values, render
 from trainer.config import from_tree
@@ -214,6 +215,56 @@ def test_elastic_policy_defaults():
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
+def test_rendezvous_drops_a_lost_node_in_seconds_and_the_user_may_override():
+    def conf(*sets: str) -> dict[str, str]:
+        policy = render(merge_values(sets=list(sets))).one("PyTorchJob")["spec"]["elasticPolicy"]
+        return {entry["key"]: entry["value"] for entry in policy["rdzvConf"]}
+
+    assert conf() == {
+        "join_timeout": "900", "keep_alive_interval": "2",
+        "keep_alive_max_attempt": "3", "last_call_timeout": "5",
+    }  # fmt: skip
+    overridden = conf("elastic.rdzvConf.last_call_timeout=30,elastic.rdzvConf.read_timeout=120")
+    assert overridden["last_call_timeout"] == "30" and overridden["read_timeout"] == "120"
+    assert overridden["keep_alive_interval"] == "2"
+
+
+LOSS_KEYS = ["node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"]
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        ([], [(key, 20) for key in LOSS_KEYS]),
+        (["nodeLoss.tolerationSeconds=45"], [(key, 45) for key in LOSS_KEYS]),
+        (["nodeLoss.tolerationSeconds=0"], []),
+        (
+            ["tolerations[0].key=nvidia.com/gpu,tolerations[0].operator=Exists"],
+            [("nvidia.com/gpu", None), *((key, 20) for key in LOSS_KEYS)],
+        ),
+        (  # the user's own toleration of a key wins: no second one beside it
+            [
+                "tolerations[0].key=node.kubernetes.io/unreachable,tolerations[0].operator=Exists,"
+                "tolerations[0].effect=NoExecute,tolerations[0].tolerationSeconds=600"
+            ],
+            [("node.kubernetes.io/unreachable", 600), ("node.kubernetes.io/not-ready", 20)],
+        ),
+    ],
+    ids=["default", "own-seconds", "off", "merged-with-the-users", "the-users-key-wins"],
+)
+def test_pods_leave_a_lost_node_after_tolerationseconds(sets, expected):
+    pytorchjob = render(merge_values(sets=sets)).one("PyTorchJob")
+    runtime = render(merge_values(sets=["jobKind=TrainJob", *sets])).one("TrainingRuntime")
+    pods = {
+        "PyTorchJob": pod_templates(pytorchjob)["Worker"]["spec"],
+        "TrainingRuntime": node_job(runtime)["template"]["spec"]["template"]["spec"],
+    }
+    for kind, pod in pods.items():
+        tolerations = pod.get("tolerations", [])
+        assert [(t["key"], t.get("tolerationSeconds")) for t in tolerations] == expected, kind
+        assert all(t["effect"] == "NoExecute" for t in tolerations if t["key"] in LOSS_KEYS)
+
+
 def test_security_defaults():
     rendered = render()
     template = pod_templates(rendered.one("PyTorchJob"))["Worker"]
@@ -269,7 +320,8 @@ def test_irsa_kueue_gang_and_placement():
     }
     assert (run_policy["ttlSecondsAfterFinished"], run_policy["activeDeadlineSeconds"]) == (86400, 172800)
     assert run_policy["cleanPodPolicy"] == "Running" and run_policy["backoffLimit"] == 6  # 3 x 2 pods
-    assert job["spec"]["elasticPolicy"]["rdzvConf"] == [{"key": "join_timeout", "value": "1200"}]
+    conf = {entry["key"]: entry["value"] for entry in job["spec"]["elasticPolicy"]["rdzvConf"]}
+    assert conf["join_timeout"] == "1200" and conf["last_call_timeout"] == "5"  # the file's, then the chart's
     account = rendered.one("ServiceAccount")
     assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith("role/ddp-checkpoints")
     pod = pod_templates(job)["Worker"]["spec"]

@@ -57,7 +57,7 @@ def test_elastic_worker_only_environment():
         "PET_NNODES": "1:3",
         "PET_MAX_RESTARTS": "3",
         "PET_RDZV_ID": "training-ddp-run-ddp-trainer",
-        "PET_RDZV_CONF": "join_timeout=900",
+        "PET_RDZV_CONF": "join_timeout=900,keep_alive_interval=2,keep_alive_max_attempt=3,last_call_timeout=5",  # noqa: E501
     }
 
 

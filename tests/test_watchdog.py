@@ -22,7 +22,7 @@ from conftest import json_records, process_env, s3_env, torchrun_command
 from benchmarks.fault_proxy import FaultProxy
 from trainer.config import WatchdogConfig
 from trainer.distributed.heartbeat import CHECKPOINT, STEP, VALIDATION, Heartbeat, PhaseLimits, read_records
-from trainer.distributed.watchdog import REJUDGE_S, RESTART_QUIET_S, VERDICTS_FILE, Watchdog
+from trainer.distributed.watchdog import OWN_FREEZE_S, REJUDGE_S, RESTART_QUIET_S, VERDICTS_FILE, Watchdog
 
 # ------------------------------------------------------------------ limits and records
 
@@ -120,6 +120,22 @@ def test_a_stopped_rank_is_named_with_its_stack_and_killed(tmp_path, capsys):
     assert "rank 1 on node-a made no progress for" in line
     assert "in step after step 2 (limit 0.5s); its process is stopped" in line
     assert any('File "<string>"' in frame for frame in stack), stack  # answered once let run
+
+
+def test_a_watchdog_that_was_frozen_with_its_node_blames_no_rank_when_thawed(tmp_path, capsys):
+    rank = start_rank(tmp_path, 1, "spin")
+    try:
+        rank.send_signal(signal.SIGSTOP)
+        time.sleep(0.6)  # past its limit, as every rank of a node that was frozen is
+        watchdog = Watchdog(tmp_path, "node-a", wait_limit_s=60)
+        watchdog.last_look = time.monotonic() - 2 * OWN_FREEZE_S  # its last look, before the freeze
+        assert watchdog.check() == []
+        assert watchdog.check(time.monotonic() + RESTART_QUIET_S - 1) == []
+        (removed,) = watchdog.check(time.monotonic() + RESTART_QUIET_S)  # quiet only for a while
+        assert removed.rank == 1
+    finally:
+        rank.kill()
+    assert "rank 1 on node-a" in capsys.readouterr().err
 
 
 def test_a_rank_waiting_for_peers_is_not_blamed_and_the_hung_one_is(tmp_path, capsys):

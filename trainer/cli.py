@@ -24,6 +24,7 @@ from trainer.config import CheckpointConfig, Config, ConfigError, bundled_config
 from trainer.config.argparsing import OneLineParser
 from trainer.data import DATASETS, DataSplits, build_data
 from trainer.distributed.heartbeat import Heartbeat, heartbeat_dir
+from trainer.distributed.node_watch import start_node_watch
 from trainer.distributed.preemption import LEASE_LOST, Stopped, StopSignal
 from trainer.distributed.process_group import (
     DistContext,
@@ -277,6 +278,7 @@ def _train_in_group(
             # gone) must end this process at once, and the default action does so where a
             # Python handler would wait for TCPStore's connect loop in C++ to give up
             stop.install()
+            node_watch = start_node_watch(context, config.watchdog, heartbeat, logger)
             try:
                 trainer = Trainer(
                     config,
@@ -301,6 +303,9 @@ def _train_in_group(
                 return stopped.exit_code
             except NotDurable as unsaved:
                 return unsaved.exit_code
+            finally:
+                if node_watch is not None:
+                    node_watch.stop()
     except RuntimeError as error:  # DistError is one; outside the group, which a lost peer cannot close
         if (reason := peer_lost(error)) is None:
             raise

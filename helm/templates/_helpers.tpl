@@ -187,3 +187,24 @@ policies and gang settings v2 has no field for, torchrun's reserved PET_* names.
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The user's tolerations, and nodeLoss's for a node that is unreachable or not ready (each
+unless the user tolerates that key already): the pod leaves a lost node after
+nodeLoss.tolerationSeconds, not the 300 s the DefaultTolerationSeconds admission plugin gives. */}}
+{{- define "ddp.tolerations" -}}
+{{- $tolerations := list }}
+{{- $keys := list }}
+{{- range .Values.tolerations }}
+{{- $tolerations = append $tolerations . }}
+{{- $keys = append $keys (.key | default "") }}
+{{- end }}
+{{- $seconds := int .Values.nodeLoss.tolerationSeconds }}
+{{- if gt $seconds 0 }}
+{{- range list "node.kubernetes.io/unreachable" "node.kubernetes.io/not-ready" }}
+{{- if not (has . $keys) }}
+{{- $tolerations = append $tolerations (dict "key" . "operator" "Exists" "effect" "NoExecute" "tolerationSeconds" $seconds) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toYaml $tolerations }}
+{{- end -}}

@@ -34,7 +34,7 @@ spec:
   nodeSelector:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with .Values.tolerations }}
+  {{- with (include "ddp.tolerations" . | fromYamlArray) }}
   tolerations:
     {{- toYaml . | nindent 4 }}
   {{- end }}

@@ -215,7 +215,13 @@ class WatchdogConfig:
     times its longest recent duration, at least `floor_s`; start-up, the resume and a
     phase not yet seen may take `first_s`. A number for `timeout_s` fixes every seen
     phase's limit instead. A rank over its limit is named, its stack printed, and it is
-    killed, so that torchrun restarts the group from the newest snapshot."""
+    killed, so that torchrun restarts the group from the newest snapshot.
+
+    Across nodes (`nodes`, `trainer.distributed.node_watch`), each node's first rank
+    publishes its progress every `node_poll_s` and reads the others'; a node silent for
+    `node_multiple` times the longest gap seen between its publishes, at least
+    `node_floor_s` (or a fixed `node_timeout_s`), is lost, and the survivors leave the
+    group so that torchrun goes on without it."""
 
     enabled: bool = True
     timeout_s: Literal["auto"] | PositiveFloat = "auto"
@@ -223,6 +229,11 @@ class WatchdogConfig:
     floor_s: PositiveFloat = 5.0
     first_s: PositiveFloat = 600.0
     poll_s: Annotated[float, Field(gt=0, le=10)] = 0.5
+    nodes: bool = True
+    node_timeout_s: Literal["auto"] | PositiveFloat = "auto"
+    node_multiple: Annotated[float, Field(ge=1)] = 5.0
+    node_floor_s: Annotated[float, Field(ge=2)] = 5.0
+    node_poll_s: Annotated[float, Field(gt=0, le=5)] = 1.0
 
 
 @dataclass(config=_SECTION)

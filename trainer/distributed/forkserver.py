@@ -52,7 +52,9 @@ SWITCH_ENV = "TRAINER_FORK_SERVER"
 PRELOAD = ("trainer.cli", "torch._dynamo")
 # read once, when torch or Python start: a child forked from a server started under other
 # values would not honour the worker's own
-IMPORT_TIME_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH", "PYTHONHASHSEED", "LD_PRELOAD")
+IMPORT_TIME_ENV = (
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH", "PYTHONHASHSEED", "LD_PRELOAD", "TORCH_CPP_LOG_LEVEL",
+)  # fmt: skip
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 POLL_S = 0.5
 IMPORT_NICENESS = 19

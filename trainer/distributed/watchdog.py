@@ -50,6 +50,7 @@ VERDICTS_FRESH_S = 10.0  # a watchdog that wrote none for this long is not answe
 LIVENESS_LIMITS = 2.0  # a pod is unhealthy once a rank is silent this many limits
 RESTART_QUIET_S = 10.0  # after a removal, while torchrun restarts the group
 REJUDGE_S = 5.0  # how long a rank found waiting, its record unchanged, stays so judged
+OWN_FREEZE_S = 3.0  # a gap this long between two looks: the whole node was stopped, this watchdog too
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)")
 _FRAME = re.compile(r'^\s+File "(?P<path>[^"]*)", line (?P<line>\d+) in (?P<function>\S+)')
 WAITING_FUNCTIONS = {"wait_for_peers", "_engine_run_backward"}
@@ -99,12 +100,20 @@ class Watchdog:
         self.removed: set[int] = set()  # pids already killed
         self.quiet_until = 0.0
         self.waiting: dict[int, tuple[Record, float]] = {}  # pid: the record judged waiting, when
+        self.last_look: float | None = None
 
     def check(self, now: float | None = None) -> list[Record]:
         """One look at every record: the ranks removed by it. What it made of each overdue
         rank goes to `verdicts.json`, for the pod's liveness endpoint."""
         now = time.monotonic() if now is None else now
         removed, states = [], {}
+        looked = time.monotonic()  # the real clock, whatever `now` a caller judges by
+        if self.last_look is not None and looked - self.last_look > OWN_FREEZE_S:
+            # the node was frozen (its kernel, a paused VM) and is thawed: every record is as
+            # stale as the freeze was long, and no rank is to blame; the node's watcher of its
+            # peers (trainer.distributed.node_watch) knows what the others did meanwhile
+            self.quiet_until = now + RESTART_QUIET_S
+        self.last_look = looked
         if now < self.quiet_until:
             return removed
         for record in read_records(self.folder):
