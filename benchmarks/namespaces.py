@@ -101,8 +101,9 @@ class Network:
     addresses: list[str]
 
     def prefix(self, host: int) -> list[str]:
-        """The command prefix that runs a program on `host`."""
-        return ["ip", "netns", "exec", self.names[host]]
+        """The command prefix that runs a program on `host`. Gloo binds the address of the
+        host's name unless told an interface, and the name resolves to 127.0.0.1 here."""
+        return ["ip", "netns", "exec", self.names[host], "env", "GLOO_SOCKET_IFNAME=eth0"]
 
     def cut(self, host: int) -> None:
         _ip("-n", self.switch, "link", "set", _port(host), "down")

@@ -90,11 +90,15 @@ class TwoNodes:
             f"checkpoint.cache_dir={self.workdir / f'cache-{name}'},"
             f"checkpoint.uri={self.workdir / 'checkpoints'}"
         )
-        local = [] if self.addresses[index].startswith("127.") else [f"--local-addr={self.addresses[index]}"]
+        conf, local = RDZV_CONF, []
+        if not self.addresses[index].startswith("127."):
+            # a host's own address, not its name's: the agent publishes it as MASTER_ADDR, and
+            # says whether it hosts the rendezvous store (its name resolves to neither address)
+            conf, local = f"{conf},is_host={int(index == 0)}", [f"--local-addr={self.addresses[index]}"]
         return [
             *self.prefixes[index], sys.executable, "-m", "trainer.distributed.launch", "--relaunches=3", "--",
             f"--nnodes={self.nnodes}", "--nproc-per-node=1", "--max-restarts=5", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={self.addresses[0]}:{self.port}", "--rdzv-id=nodes", f"--rdzv-conf={RDZV_CONF}",
+            f"--rdzv-endpoint={self.addresses[0]}:{self.port}", "--rdzv-id=nodes", f"--rdzv-conf={conf}",
             *local, "-m", "trainer", "--config", "digits", "--set", overrides + self.extra,
         ]  # fmt: skip
 
