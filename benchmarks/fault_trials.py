@@ -1,6 +1,7 @@
 """Fault trials: hit a random rank at a random step, and check what the recovery lost.
 
-    python -m benchmarks.fault_trials [--fault kill|stop|freeze] [--trials 10] [--seed 0]
+    python -m benchmarks.fault_trials [--fault kill|stop|freeze|node-freeze|partition|host-freeze]
+                                      [--trials 10] [--seed 0]
                                       [--snapshot-every 5] [--epochs 60] [--fork-server on|off]
 
 The faults:
@@ -10,6 +11,13 @@ The faults:
   freeze  SIGSTOP every process of one pod of the chart's two-pod CPU job under `ddp-ops
           local` (a frozen node: its watchdog is frozen too): the kubelet's liveness probe
           (every 2 s, 3 failures) must fail, the pod is killed and re-created.
+Between nodes (benchmarks.node_trials: two ddp-launch + torchrun agents, `--nnodes=1:2`):
+  node-freeze  SIGSTOP every process of the node without rank 0: the other must name it
+               within 10 s and train on alone within 30 s; thawed, it rejoins;
+  partition    the same node's link unplugged at the switch of real network namespaces
+               (root), then plugged back;
+  host-freeze  SIGSTOP rank 0's node (it hosts the store): the other names it within 10 s and
+               waits; thawed at once, both resume at world size 2, bit-identical at the end.
 Each runs the digits demo at 2 ranks with dropout on (so every rank's RNG streams matter), a
 snapshot every `--snapshot-every` steps and no durable checkpoint before the end, for
 `--epochs` (60: 1,140 steps, some 12 s of training). A kill or a stop comes at a random
@@ -31,10 +39,13 @@ The trainer's own count (`..., L steps lost`) is a cross-check.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import random
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +57,8 @@ from pathlib import Path
 import psutil
 import torch
 
+from benchmarks.namespaces import linked_hosts
+from benchmarks.node_trials import NODE_FAULTS, NodeTrial, TwoNodes, node_trial
 from benchmarks.pod_trials import freeze_trial, reference_job_state
 from trainer.distributed.forkserver import SWITCH_ENV, listening
 from trainer.distributed.launch import RDZV_ENV, signal_tree
@@ -258,13 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--fault", choices=("kill", "stop", "freeze"), default="kill")
+    parser.add_argument("--fault", choices=("kill", "stop", "freeze", *NODE_FAULTS), default="kill")
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--snapshot-every", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=60, help="kill and stop trials' run length")
     parser.add_argument("--fork-server", choices=("on", "off"), default="on")
     args = parser.parse_args(argv)
+    if args.fault in NODE_FAULTS:
+        return node_trials(args)
     plan = Plan(args.snapshot_every, args.epochs, args.fork_server == "on")
     chooser = random.Random(args.seed)
     started = time.perf_counter()
@@ -291,6 +306,67 @@ def main(argv: list[str] | None = None) -> int:
             trials.append(trial)
     print(summary(trials, args.snapshot_every, time.perf_counter() - started))
     return 0 if all(trial.passed(args.snapshot_every) for trial in trials) else 1
+
+
+def node_trials(args: argparse.Namespace) -> int:
+    """Two nodes (benchmarks.node_trials), one of them frozen or cut off after a random step;
+    for `host-freeze`, whose world size comes back, the final state is held to the same run
+    without a fault, bit for bit."""
+    chooser = random.Random(args.seed)
+    started = time.perf_counter()
+    env = {**environment(args.fork_server == "on"), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    epochs = 60 if args.fault == "host-freeze" else 150  # long enough to rejoin before the end
+    trials: list[NodeTrial] = []
+    with tempfile.TemporaryDirectory(prefix="node-trials-") as folder:
+        workdir = Path(folder)
+        reference = None
+        if args.fault == "host-freeze":
+            (workdir / "reference").mkdir()
+            job = TwoNodes(workdir / "reference", free_port(), every=args.snapshot_every, epochs=epochs)
+            try:
+                job.start(env)
+                if job.wait(timeout=600) != [0, 0]:
+                    raise RuntimeError("the reference run failed:\n" + job.tail())
+            finally:
+                job.close()
+            reference = final_state(workdir / "reference" / "checkpoints")
+        for index in range(1, args.trials + 1):
+            trial_dir = workdir / f"trial-{index}"
+            trial_dir.mkdir()
+            fault_after = chooser.randrange(20, 200)
+            with contextlib.ExitStack() as stack:
+                network = stack.enter_context(linked_hosts(2)) if args.fault == "partition" else None
+                job = TwoNodes(
+                    trial_dir, free_port(), every=args.snapshot_every, epochs=epochs,
+                    addresses=network.addresses if network else ("127.0.0.1", "127.0.0.1"),
+                    prefixes=[network.prefix(0), network.prefix(1)] if network else ((), ()),
+                )  # fmt: skip
+                stack.callback(job.close)
+                trial = node_trial(job, args.fault, fault_after, env, network)
+            if reference is not None:
+                identical = trial.codes == [0, 0] and same_state(
+                    final_state(trial_dir / "checkpoints"), reference
+                )
+                trial = dataclasses.replace(trial, identical=identical)
+            print(trial.describe(index), flush=True)
+            trials.append(trial)
+    found = [t.found_s for t in trials if t.found_s is not None]
+    again = [t.training_s for t in trials if t.training_s is not None]
+    passed = sum(t.passed(args.snapshot_every) for t in trials)
+    seconds = time.perf_counter() - started
+    line = f"{len(trials)} {args.fault} trials in {seconds:.0f}s: steps lost {[t.lost for t in trials]}"
+    if found:
+        line += f"; found in median {statistics.median(found):.1f}s, max {max(found):.1f}s"
+    if again:
+        line += f"; training again after median {statistics.median(again):.1f}s, max {max(again):.1f}s"
+    print(line + f"; {passed}/{len(trials)} within the bounds")
+    return 0 if passed == len(trials) else 1
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def summary(trials: list[Trial], bound: int, seconds: float) -> str:

@@ -162,6 +162,117 @@ def progress(node: NodeProcess, after: float = 0.0) -> list[tuple[float, dict]]:
     return [(at, r) for at, r in node.records() if at > after and r.get("event") == "progress"]
 
 
+def events(job: TwoNodes, name: str, after: float = 0.0) -> list[tuple[float, dict]]:
+    """Both nodes' `name` lines that arrived after `after`, in the order they arrived."""
+    found = [(at, r) for node in job.nodes for at, r in node.records() if at > after]
+    return sorted(((at, r) for at, r in found if r.get("event") == name), key=lambda pair: pair[0])
+
+
 def lost_lines(node: NodeProcess, after: float = 0.0) -> list[tuple[float, dict]]:
     """The `node_lost` lines `node` printed after `after`."""
     return [(at, r) for at, r in node.records() if at > after and r.get("event") == "node_lost"]
+
+
+DETECTION_BOUND_S, TRAINING_BOUND_S = 10.0, 30.0
+NODE_FAULTS = ("node-freeze", "partition", "host-freeze")
+
+
+@dataclass(frozen=True)
+class NodeTrial:
+    """One fault between nodes, as measured from outside."""
+
+    fault: str
+    seen_step: int  # the step of rank 0's line the fault came after: completed
+    found_s: float | None  # fault to the survivor's `node_lost` line
+    training_s: float | None  # fault to the survivor's first step after its resume
+    resumed_from: int | None
+    world_after: int | None  # the world size the survivor trained at after the fault
+    rejoined: bool  # a later round had both nodes again
+    codes: list[int]
+    complete: bool  # the run ended at its last epoch, latest.json naming its last step
+    identical: bool | None  # against the uninterrupted run; None where the world size changed
+    false_alarms: int  # hangs the local watchdogs reported
+
+    @property
+    def lost(self) -> int | None:
+        return None if self.resumed_from is None else self.seen_step - self.resumed_from
+
+    def passed(self, bound: int) -> bool:
+        timely = self.found_s is not None and self.found_s <= DETECTION_BOUND_S
+        if self.fault != "host-freeze":
+            timely = timely and self.training_s is not None and self.training_s <= TRAINING_BOUND_S
+            timely = timely and self.world_after == 1 and self.rejoined
+        exact = self.identical is not False and self.complete and self.codes == [0, 0]
+        return timely and exact and self.false_alarms == 0 and self.lost is not None and self.lost <= bound
+
+    def describe(self, index: int) -> str:
+        found = "not found" if self.found_s is None else f"found in {self.found_s:.1f}s"
+        again = "" if self.training_s is None else f", training again after {self.training_s:.1f}s"
+        world = "" if self.world_after is None else f" at world size {self.world_after}"
+        rejoined = ", rejoined" if self.rejoined else ""
+        final = {
+            True: "bit-identical",
+            False: "DIFFERENT",
+            None: "complete" if self.complete else "INCOMPLETE",
+        }
+        return (
+            f"trial {index}: {self.fault} after step {self.seen_step} -> {found}{again}{world}{rejoined}; "
+            f"resumed from step {self.resumed_from} ({self.lost} lost); exit codes {self.codes}; "
+            f"final state {final[self.identical]}"
+            + (f"; {self.false_alarms} FALSE ALARMS" if self.false_alarms else "")
+        )
+
+
+def node_trial(
+    job: TwoNodes, fault: str, fault_after: int, env: dict[str, str], network: object | None = None
+) -> NodeTrial:
+    """Run `job`, apply `fault` after rank 0's step `fault_after`, undo it once the survivor
+    trains again (at once for the host, which the survivor waits for), and measure."""
+    job.start(env)
+    seen = job.wait_for(
+        lambda: [r["step"] for n in job.nodes for _, r in progress(n) if r["step"] >= fault_after], 180
+    )
+    host = job.rank0()
+    victim = host if fault == "host-freeze" else next(node for node in job.nodes if node is not host)
+    survivor = next(node for node in job.nodes if node is not victim)
+    index = job.nodes.index(victim)
+    if network is None:
+        victim.freeze()
+    else:
+        network.cut(index)
+    faulted = time.monotonic()
+    found = job.wait_for(lambda: lost_lines(survivor, faulted), 60)[0][0]
+    if fault != "host-freeze":
+        job.wait_for(lambda: progress(survivor, found), 60)
+    undone = time.monotonic()
+    if network is None:
+        victim.thaw()
+    else:
+        network.heal(index)
+    codes = job.wait(timeout=600)
+    resumes = [
+        (at, r) for n in job.nodes for at, r in n.records() if at > faulted and r.get("event") == "plan"
+    ]
+    starts = sorted(
+        (at, r) for n in job.nodes for at, r in n.records() if at > faulted and r.get("event") == "start"
+    )
+    after = [(at, r) for at, r in progress(survivor, found)] or [
+        (at, r) for n in job.nodes for at, r in progress(n, found)
+    ]
+    summary = [r for n in job.nodes for _, r in n.records() if r.get("event") == "summary"]
+    latest = job.workdir / "checkpoints" / "latest.json"
+    final = json.loads(latest.read_text())["step"] if latest.exists() else None
+    hangs = len(events(job, "hang"))
+    return NodeTrial(
+        fault,
+        seen[0],
+        found - faulted,
+        after[0][0] - faulted if after else None,
+        min((r.get("resumed_from") for _, r in resumes if r.get("resumed_from") is not None), default=None),
+        starts[0][1]["world_size"] if starts else None,
+        any(r["world_size"] == 2 for at, r in starts if at > undone),
+        codes,
+        bool(summary) and summary[-1]["steps"] == final and summary[-1]["epochs_completed"] == job.epochs,
+        None,
+        hangs,
+    )
