@@ -46,7 +46,7 @@ def test_a_silent_peer_is_named_after_the_floor_with_its_last_step_and_phase():
 
 
 def test_the_limit_grows_with_the_longest_gap_seen_between_publishes():
-    nodes = watch(num_nodes=2)
+    nodes = watch(num_nodes=2, node_multiple=5.0)
     for at in (0.0, 1.0, 4.0, 5.0):  # one gap of 3 s: a starved publisher, not a lost node
         nodes.observe(progress(1, int(at)), at)
     assert judge(nodes, 5.0 + 14.9) is None  # 5 x 3 s
@@ -85,3 +85,10 @@ def test_a_store_that_stops_answering_is_the_rendezvous_host_lost(monkeypatch):
 def test_progress_round_trips_through_the_store_encoding():
     sent = Progress(3, "gpu-node-7", 1200, "validation", 12.5, 60.0, 41)
     assert Progress.decode(sent.encode()) == sent
+
+
+def test_a_peer_that_said_it_is_done_is_never_lost_while_this_node_finishes():
+    nodes = watch(num_nodes=2)
+    nodes.observe(progress(1, 1), 0.0)
+    nodes.observe(progress(1, 2, phase="done"), 1.0)  # its run ended: it stops publishing
+    assert judge(nodes, 60.0) is None  # this node's last checkpoint or test may take a minute

@@ -231,7 +231,7 @@ class WatchdogConfig:
     poll_s: Annotated[float, Field(gt=0, le=10)] = 0.5
     nodes: bool = True
     node_timeout_s: Literal["auto"] | PositiveFloat = "auto"
-    node_multiple: Annotated[float, Field(ge=1)] = 5.0
+    node_multiple: Annotated[float, Field(ge=1)] = 3.0  # a publish gap is a poll, not a phase
     node_floor_s: Annotated[float, Field(ge=2)] = 5.0
     node_poll_s: Annotated[float, Field(gt=0, le=5)] = 1.0
 

@@ -9,7 +9,7 @@ own in the job's store (the TCPStore at MASTER_ADDR:MASTER_PORT, which every wor
 group reaches), and reads every other node's key.
 
 A node whose key has not changed for its limit is lost. The limit is derived from what was
-observed, as the phases' limits are: `node_multiple` times the longest gap seen between
+observed, as the phases' limits are: `node_multiple` (3) times the longest gap seen between
 that node's publishes, at least `node_floor_s` (a fixed `node_timeout_s` replaces it). The
 publisher runs on its own thread, so a slow phase is not silence: a node that validates,
 writes a checkpoint or downloads a resume keeps publishing, and is reported in that phase.
@@ -30,6 +30,7 @@ keeps (`trainer.distributed.heartbeat`) and talks to the store on its own connec
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -44,7 +45,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from trainer.config import WatchdogConfig
-from trainer.distributed.heartbeat import Heartbeat, read_records
+from trainer.distributed.heartbeat import DONE, Heartbeat, read_records
 from trainer.distributed.process_group import DistContext
 
 KEY_PREFIX = "ddp-node-progress/"
@@ -128,7 +129,7 @@ class NodeWatch:
             seen = self.seen.get(node)
             since = seen.changed_at if seen is not None else self.started_at
             limit = self.limits.limit(seen.longest_gap_s if seen is not None else 0.0)
-            if node != self.node and now - since > limit:
+            if node != self.node and now - since > limit and not (seen and seen.progress.phase == DONE):
                 last = seen and seen.progress
                 return Loss(node, last.host if last else "?", now - since, limit, last)
         return None
@@ -203,7 +204,7 @@ class NodeWatcher:
         self.context, self.config, self.heartbeat, self.log = context, config, heartbeat, logger
         self.leave = leave
         self.watch = NodeWatch(context.node_rank, context.num_nodes, NodeLimits(config))
-        self.running = threading.Event()
+        self.running, self.stopping, self.said_done = threading.Event(), threading.Event(), threading.Event()
         self.lock = threading.Lock()
         self.threads = [
             threading.Thread(target=self._exchange_loop, name="node-exchange", daemon=True),
@@ -217,7 +218,11 @@ class NodeWatcher:
             thread.start()
 
     def stop(self) -> None:
+        """Stop judging, and tell the other nodes that this one is done (within two polls),
+        so that a peer still writing its last checkpoint or testing does not find it lost."""
         self.running.clear()
+        self.stopping.set()
+        self.said_done.wait(2 * self.config.node_poll_s)
 
     def _connect(self) -> dist.TCPStore:
         """A connection of its own to the group's store: a blocked call here holds up no
@@ -231,7 +236,7 @@ class NodeWatcher:
     def _exchange_loop(self) -> None:
         """Publish this node's progress and read every other node's, every poll."""
         store, seq = None, 0
-        while self.running.is_set():
+        while not self.stopping.is_set():
             seq += 1
             try:
                 store = store or self._connect()
@@ -247,7 +252,12 @@ class NodeWatcher:
                     self.watch.answered_at = now
             except (RuntimeError, OSError, ValueError):  # DistStoreError, a reset connection
                 store = None
-            time.sleep(self.config.node_poll_s)
+            self.stopping.wait(self.config.node_poll_s)
+        with contextlib.suppress(RuntimeError, OSError, ValueError):
+            last = own_progress(self.heartbeat, self.context.node_rank, self.context.hostname, seq + 1)
+            done = dataclasses.replace(last, phase=DONE)
+            (store or self._connect()).set(f"{KEY_PREFIX}{done.node}", done.encode())
+        self.said_done.set()
 
     def _judge_loop(self) -> None:
         poll = self.config.node_poll_s
