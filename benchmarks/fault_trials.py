@@ -45,7 +45,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -57,6 +56,7 @@ from pathlib import Path
 import psutil
 import torch
 
+from benchmarks.metrics import free_port
 from benchmarks.namespaces import linked_hosts
 from benchmarks.node_trials import NODE_FAULTS, NodeTrial, TwoNodes, node_trial
 from benchmarks.pod_trials import freeze_trial, reference_job_state
@@ -361,12 +361,6 @@ def node_trials(args: argparse.Namespace) -> int:
         line += f"; training again after median {statistics.median(again):.1f}s, max {max(again):.1f}s"
     print(line + f"; {passed}/{len(trials)} within the bounds")
     return 0 if passed == len(trials) else 1
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def summary(trials: list[Trial], bound: int, seconds: float) -> str:
