@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from benchmarks.namespaces import Network
 from trainer.distributed.launch import signal_tree
 
 # the chart's settings (helm/values.yaml, elastic.rdzvConf): a frozen agent's keep-alive
@@ -81,6 +82,7 @@ class TwoNodes:
     addresses: Sequence[str] = ("127.0.0.1", "127.0.0.1")
     prefixes: Sequence[Sequence[str]] = ((), ())
     extra: str = ""
+    launcher_args: Sequence[str] = ()  # ddp-launch's own options
     nodes: list[NodeProcess] = field(default_factory=list)
 
     def command(self, index: int) -> list[str]:
@@ -96,7 +98,8 @@ class TwoNodes:
             # says whether it hosts the rendezvous store (its name resolves to neither address)
             conf, local = f"{conf},is_host={int(index == 0)}", [f"--local-addr={self.addresses[index]}"]
         return [
-            *self.prefixes[index], sys.executable, "-m", "trainer.distributed.launch", "--relaunches=3", "--",
+            *self.prefixes[index], sys.executable, "-m", "trainer.distributed.launch", "--relaunches=3",
+            *self.launcher_args, "--",
             f"--nnodes={self.nnodes}", "--nproc-per-node=1", "--max-restarts=5", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={self.addresses[0]}:{self.port}", "--rdzv-id=nodes", f"--rdzv-conf={conf}",
             *local, "-m", "trainer", "--config", "digits", "--set", overrides + self.extra,
@@ -177,39 +180,58 @@ DETECTION_BOUND_S, TRAINING_BOUND_S = 10.0, 30.0
 NODE_FAULTS = ("node-freeze", "partition", "host-freeze")
 
 
+def starts(job: TwoNodes, after: float = 0.0) -> list[tuple[float, dict]]:
+    """Rank 0's `start` lines (a new round: its world size) after `after`, in arrival order."""
+    return events(job, "start", after)
+
+
 @dataclass(frozen=True)
 class NodeTrial:
     """One fault between nodes, as measured from outside."""
 
     fault: str
     seen_step: int  # the step of rank 0's line the fault came after: completed
-    found_s: float | None  # fault to the survivor's `node_lost` line
+    victim: int  # the index of the node frozen or cut off in `job.nodes`
+    found: dict | None  # the survivor's `node_lost` line
+    found_s: float | None  # fault to that line
     training_s: float | None  # fault to the survivor's first step after its resume
     resumed_from: int | None
-    world_after: int | None  # the world size the survivor trained at after the fault
-    rejoined: bool  # a later round had both nodes again
+    world_after: int | None  # the world size of the first round after the fault
+    rejoined: list[int]  # the world sizes of the rounds after the undo
+    thawed: list[dict]  # the victim's `node_thawed` lines
     codes: list[int]
     complete: bool  # the run ended at its last epoch, latest.json naming its last step
-    identical: bool | None  # against the uninterrupted run; None where the world size changed
+    identical: bool | None  # against the run without the fault, where one was given
     false_alarms: int  # hangs the local watchdogs reported
 
     @property
     def lost(self) -> int | None:
         return None if self.resumed_from is None else self.seen_step - self.resumed_from
 
-    def passed(self, bound: int) -> bool:
+    def timely(self) -> bool:
+        """Found within 10 s; but for the host (which the other waits for), training again
+        within 30 s at world size 1, and back at world size 2 once the fault is undone."""
         timely = self.found_s is not None and self.found_s <= DETECTION_BOUND_S
-        if self.fault != "host-freeze":
-            timely = timely and self.training_s is not None and self.training_s <= TRAINING_BOUND_S
-            timely = timely and self.world_after == 1 and self.rejoined
+        if self.fault == "host-freeze":
+            return timely
+        again = self.training_s is not None and self.training_s <= TRAINING_BOUND_S
+        return timely and again and self.world_after == 1 and 2 in self.rejoined
+
+    def passed(self, bound: int) -> bool:
         exact = self.identical is not False and self.complete and self.codes == [0, 0]
-        return timely and exact and self.false_alarms == 0 and self.lost is not None and self.lost <= bound
+        return (
+            self.timely()
+            and exact
+            and self.false_alarms == 0
+            and self.lost is not None
+            and self.lost <= bound
+        )
 
     def describe(self, index: int) -> str:
         found = "not found" if self.found_s is None else f"found in {self.found_s:.1f}s"
         again = "" if self.training_s is None else f", training again after {self.training_s:.1f}s"
         world = "" if self.world_after is None else f" at world size {self.world_after}"
-        rejoined = ", rejoined" if self.rejoined else ""
+        rejoined = ", rejoined" if 2 in self.rejoined else ""
         final = {
             True: "bit-identical",
             False: "DIFFERENT",
@@ -224,10 +246,16 @@ class NodeTrial:
 
 
 def node_trial(
-    job: TwoNodes, fault: str, fault_after: int, env: dict[str, str], network: object | None = None
+    job: TwoNodes,
+    fault: str,
+    fault_after: int,
+    env: dict[str, str],
+    network: Network | None = None,
+    undo_when: Callable[[NodeProcess, float], object] | None = None,
 ) -> NodeTrial:
-    """Run `job`, apply `fault` after rank 0's step `fault_after`, undo it once the survivor
-    trains again (at once for the host, which the survivor waits for), and measure."""
+    """Run `job`, apply `fault` after rank 0's step `fault_after`, undo it once
+    `undo_when(survivor, found_at)` holds (by default: at once for the host, which the
+    survivor waits for; else once the survivor trains again), and measure."""
     job.start(env)
     seen = job.wait_for(
         lambda: [r["step"] for n in job.nodes for _, r in progress(n) if r["step"] >= fault_after], 180
@@ -241,38 +269,39 @@ def node_trial(
     else:
         network.cut(index)
     faulted = time.monotonic()
-    found = job.wait_for(lambda: lost_lines(survivor, faulted), 60)[0][0]
+    found_at, found = job.wait_for(lambda: lost_lines(survivor, faulted), 60)[0]
+    again = []
     if fault != "host-freeze":
-        job.wait_for(lambda: progress(survivor, found), 60)
+        again = job.wait_for(lambda: progress(survivor, found_at), 60) if undo_when is None else []
+    if undo_when is not None:
+        job.wait_for(lambda: undo_when(survivor, found_at), 120)
     undone = time.monotonic()
     if network is None:
         victim.thaw()
     else:
         network.heal(index)
     codes = job.wait(timeout=600)
-    resumes = [
-        (at, r) for n in job.nodes for at, r in n.records() if at > faulted and r.get("event") == "plan"
-    ]
-    starts = sorted(
-        (at, r) for n in job.nodes for at, r in n.records() if at > faulted and r.get("event") == "start"
-    )
-    after = [(at, r) for at, r in progress(survivor, found)] or [
-        (at, r) for n in job.nodes for at, r in progress(n, found)
-    ]
-    summary = [r for n in job.nodes for _, r in n.records() if r.get("event") == "summary"]
+    resumes = [r.get("resumed_from") for _, r in events(job, "plan", faulted)]
+    rounds = starts(job, faulted)
+    summary = [r for _, r in events(job, "summary")]
     latest = job.workdir / "checkpoints" / "latest.json"
     final = json.loads(latest.read_text())["step"] if latest.exists() else None
-    hangs = len(events(job, "hang"))
+    again = again or progress(survivor, found_at)
     return NodeTrial(
-        fault,
-        seen[0],
-        found - faulted,
-        after[0][0] - faulted if after else None,
-        min((r.get("resumed_from") for _, r in resumes if r.get("resumed_from") is not None), default=None),
-        starts[0][1]["world_size"] if starts else None,
-        any(r["world_size"] == 2 for at, r in starts if at > undone),
-        codes,
-        bool(summary) and summary[-1]["steps"] == final and summary[-1]["epochs_completed"] == job.epochs,
-        None,
-        hangs,
+        fault=fault,
+        seen_step=seen[0],
+        victim=index,
+        found=found,
+        found_s=found_at - faulted,
+        training_s=again[0][0] - faulted if again else None,
+        resumed_from=min((step for step in resumes if step is not None), default=None),
+        world_after=rounds[0][1]["world_size"] if rounds else None,
+        rejoined=[r["world_size"] for at, r in rounds if at > undone],
+        thawed=[r for _, r in victim.records() if r.get("event") == "node_thawed"],
+        codes=codes,
+        complete=bool(summary)
+        and summary[-1]["steps"] == final
+        and summary[-1]["epochs_completed"] == job.epochs,
+        identical=None,
+        false_alarms=len(events(job, "hang")),
     )

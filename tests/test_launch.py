@@ -14,7 +14,14 @@ from conftest import process_env
 
 from operator_scripts.local_pods import HostsTable, LocalError
 from operator_scripts.process_runtime import check_sandbox, sandbox_command
-from trainer.distributed.launch import parse_args, relay, rendezvous_host, trainer_arguments
+from trainer.distributed.launch import (
+    RendezvousWaitLine,
+    nnodes,
+    parse_args,
+    relay,
+    rendezvous_host,
+    trainer_arguments,
+)
 from trainer.distributed.recurrence import CRASH_DIR_ENV, Crash, RecurringCrash, check_recurrence
 
 TRAINER = ["-m", "trainer", "--config", "digits", "--set", "train.epochs=1"]
@@ -42,6 +49,30 @@ def test_options_and_the_trainers_arguments_are_split_at_the_double_dash():
 )  # fmt: skip
 def test_the_host_a_pod_waits_for(args, env, expected):
     assert rendezvous_host(args, env) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [(["--nnodes=1:2"], {"PET_NNODES": "4"}, "1:2"), (["--nnodes", "2"], {}, "2"),
+     ([], {"PET_NNODES": "2:3"}, "2:3"), (["--standalone"], {}, "1")],
+)  # fmt: skip
+def test_the_node_bounds_ddp_launch_passes_on_are_torchruns(args, env, expected):
+    assert nnodes(args, env) == expected
+
+
+def test_a_wait_for_nodes_is_said_at_a_steady_interval_and_no_more_once_workers_run():
+    waiting = RendezvousWaitLine(30.0, "2", "job-worker-0:23456")
+    assert waiting.look(True, 0.0) is None
+    seen = {at: waiting.look(False, at) for at in (10.0, 39.0, 40.0, 41.0, 69.0, 70.0)}
+    assert [at for at, line in seen.items() if line] == [40.0, 70.0]
+    assert seen[40.0] == (
+        "torchrun has run no worker for 30s: it waits in its rendezvous at job-worker-0:23456 for at least "
+        "2 nodes (--nnodes=2); a lost node counts again once it answers or its pod is replaced"
+    )
+    assert "for 60s" in seen[70.0]
+    assert waiting.look(True, 80.0) is None and waiting.look(False, 100.0) is None  # a new wait starts
+    assert "for 30s" in waiting.look(False, 130.0)
+    assert RendezvousWaitLine(0.0, "2", "x").look(False, 1000.0) is None  # --waiting-line-s=0: never
 
 
 def launch(*args: str, cwd, env: dict | None = None, prefix: list[str] = (), timeout: float = 60):

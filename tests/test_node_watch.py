@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from trainer.config import WatchdogConfig
-from trainer.distributed.node_watch import Loss, NodeLimits, NodeWatch, Progress
+from trainer.distributed.elastic_bounds import node_bounds
+from trainer.distributed.node_watch import Loss, NodeLimits, NodeWatch, Progress, going_on
 
 
 def progress(node: int, seq: int, step: int = 40, phase: str = "step") -> Progress:
@@ -92,3 +93,42 @@ def test_a_peer_that_said_it_is_done_is_never_lost_while_this_node_finishes():
     nodes.observe(progress(1, 1), 0.0)
     nodes.observe(progress(1, 2, phase="done"), 1.0)  # its run ended: it stops publishing
     assert judge(nodes, 60.0) is None  # this node's last checkpoint or test may take a minute
+
+
+@pytest.mark.parametrize(
+    ("env", "bounds"),
+    [
+        ({"TRAINER_NNODES": "1:2"}, (1, 2)),
+        ({"TRAINER_NNODES": "2", "PET_NNODES": "1:4"}, (2, 2)),  # ddp-launch's, from the command line
+        ({"PET_NNODES": "2:3"}, (2, 3)),  # the operator's, in the pod's environment
+        ({}, None),
+        ({"PET_NNODES": "auto"}, None),
+    ],
+)
+def test_the_node_bounds_come_from_torchruns_nnodes(env, bounds):
+    assert node_bounds(env) == bounds
+
+
+def loss_of(node: int = 1, store_host: bool = False) -> Loss:
+    return Loss(node, "vm-b", 6.0, 5.0, progress(node, 9), store_host)
+
+
+@pytest.mark.parametrize(
+    ("num_nodes", "bounds", "goes_on", "says"),
+    [
+        (2, (1, 2), True, "node 0 (vm-a) leaves the group so that torchrun re-rendezvouses without it"),
+        (2, None, True, "re-rendezvouses without it"),  # plain torchrun: its bounds unknown
+        (3, (2, 3), True, "re-rendezvouses without it"),
+        (2, (2, 2), False, "the job's bounds (--nnodes=2) do not allow training on 1 node: node 0 (vm-a) "
+         "leaves the group and waits in torchrun's rendezvous until the node is back or replaced"),
+        (3, (3, 4), False, "(--nnodes=3:4) do not allow training on 2 nodes"),
+    ],
+)  # fmt: skip
+def test_the_lost_line_says_whether_the_bounds_let_the_survivors_go_on(num_nodes, bounds, goes_on, says):
+    verdict, words = going_on(loss_of(), num_nodes, bounds, "node 0 (vm-a)")
+    assert verdict is goes_on and says in words
+
+
+def test_a_lost_store_host_is_waited_for_whatever_the_bounds():
+    verdict, words = going_on(loss_of(0, store_host=True), 2, (1, 2), "node 1 (vm-b)")
+    assert verdict is False and "cannot rendezvous without the store's host" in words

@@ -2,117 +2,116 @@
 rendezvous, `--nnodes=1:2`, snapshots every 5 steps); one node is frozen (every process
 SIGSTOPped) or cut off (its link unplugged at the switch of real network namespaces). The
 survivor must name it within 10 s and train again within 30 s at world size 1; the node
-thawed or healed rejoins, and both end with exit 0 at the run's last step. Every time is the
-test's own clock at the line's arrival (benchmarks.node_trials)."""
+thawed or healed rejoins, and both end with exit 0 at the run's last step. Where the bounds
+do not allow one node (`--nnodes=2`), the survivor says so and waits, saying so again at a
+steady interval, until the node is back. Every time is the test's own clock at the line's
+arrival (benchmarks.node_trials.node_trial, which the fault trials run too)."""
 
 from __future__ import annotations
 
-import json
-import time
+import contextlib
+from collections.abc import Callable, Iterator
 
 import pytest
 from conftest import free_port, process_env
 
-from benchmarks.namespaces import Network, isolation_available, linked_hosts
-from benchmarks.node_trials import NodeProcess, TwoNodes, lost_lines, progress
+from benchmarks.namespaces import isolation_available, linked_hosts
+from benchmarks.node_trials import DETECTION_BOUND_S, TRAINING_BOUND_S, NodeTrial, TwoNodes, node_trial
 
-DETECTION_BOUND_S, TRAINING_BOUND_S = 10.0, 30.0
 FAULT_AFTER = 60  # rank 0's step line at which the fault comes
+WAITING_LINE_S = 3.0  # ddp-launch's steady line while torchrun waits for nodes (30 s in pods)
 
 
-def starts(node: NodeProcess, after: float = 0.0) -> list[dict]:
-    return [r for at, r in node.records() if at > after and r.get("event") == "start"]
+@pytest.fixture
+def two_nodes(workdir) -> Iterator[Callable[..., TwoNodes]]:
+    """Make the job under test; whatever is left of it ends with the test, pass or fail."""
+    jobs: list[TwoNodes] = []
+
+    def make(**options) -> TwoNodes:
+        jobs.append(TwoNodes(workdir, free_port(), **options))
+        return jobs[-1]
+
+    yield make
+    for job in jobs:
+        job.close()
 
 
-def run_fault(job: TwoNodes, fault: str, network: Network | None = None) -> dict:
-    """Apply `fault` ("freeze" the node without rank 0, "host-freeze" rank 0's node,
-    "partition": unplug the node without rank 0) after step FAULT_AFTER, undo it once the
-    survivor trains again (at once for the host), and return what the test measured."""
-    job.start(process_env())
-    job.wait_for(lambda: any(r["step"] >= FAULT_AFTER for n in job.nodes for _, r in progress(n)), 120)
-    host = job.rank0()
-    victim = host if fault == "host-freeze" else next(n for n in job.nodes if n is not host)
-    survivor = next(n for n in job.nodes if n is not victim)
-    index = job.nodes.index(victim)
-    cut, undo = (victim.freeze, victim.thaw) if network is None else (network.cut, network.heal)
-    if network is None:
-        cut()
-    else:
-        cut(index)
-    faulted = time.monotonic()
-    found_at, found = job.wait_for(lambda: lost_lines(survivor, faulted), 60)[0]
-    measured = {"victim": victim, "survivor": survivor, "found_s": found_at - faulted, "found": found}
-    if fault != "host-freeze":  # the survivor hosts the store: it trains on alone
-        again_at, _ = job.wait_for(lambda: progress(survivor, found_at), 60)[0]
-        measured["training_s"] = again_at - faulted
-        measured["world_after"] = starts(survivor, found_at)[0]["world_size"]
-    undone = time.monotonic()
-    undo() if network is None else undo(index)
-    measured["codes"] = job.wait(timeout=300)
-    measured["rejoined"] = [r["world_size"] for n in job.nodes for r in starts(n, undone)]
-    return measured
-
-
-def assert_ends_complete(job: TwoNodes, measured: dict) -> None:
-    assert measured["codes"] == [0, 0], job.tail()
-    summaries = [r for n in job.nodes for _, r in n.records() if r.get("event") == "summary"]
-    latest = json.loads((job.workdir / "checkpoints" / "latest.json").read_text())["step"]
-    assert summaries and summaries[-1]["steps"] == latest, job.tail()
-    hangs = [r for n in job.nodes for _, r in n.records() if r.get("event") == "hang"]
-    assert not hangs, hangs  # the node watch found it, not the local watchdogs' wait limit
+def assert_ends_complete(job: TwoNodes, trial: NodeTrial) -> None:
+    assert trial.codes == [0, 0], job.tail()
+    assert trial.complete, job.tail()  # the summary's last step is latest.json's, every epoch done
+    assert trial.false_alarms == 0, job.tail()  # the node watch found it, not a local watchdog's limit
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_frozen_node_is_named_in_seconds_and_the_survivor_trains_on_then_it_rejoins(workdir):
-    job = TwoNodes(workdir, free_port(), epochs=150)
-    try:
-        measured = run_fault(job, "freeze")
-    finally:
-        job.close()
-    found = measured["found"]
-    assert measured["found_s"] < DETECTION_BOUND_S, found
+def test_a_frozen_node_is_named_in_seconds_and_the_survivor_trains_on_then_it_rejoins(two_nodes):
+    job = two_nodes(epochs=150)
+    trial = node_trial(job, "node-freeze", FAULT_AFTER, process_env())
+    found = trial.found
+    assert trial.found_s < DETECTION_BOUND_S, found
     assert found["node"] == 1, found  # the frozen node (rank 0's is node 0), not the one that waits
     assert found["message"].startswith("node 1 (") and "it is lost" in found["message"]
+    assert found["goes_on"] and "re-rendezvouses without it" in found["message"], found
     assert found["silent_s"] >= found["limit_s"] >= 5.0
-    assert measured["training_s"] < TRAINING_BOUND_S and measured["world_after"] == 1, job.tail()
-    assert 2 in measured["rejoined"], (measured["rejoined"], job.tail())  # the thawed node is back
-    thawed = [r for _, r in measured["victim"].records() if r.get("event") == "node_thawed"]
-    assert thawed and thawed[0]["stopped_s"] > 5, measured["victim"].text()[-3000:]
-    assert_ends_complete(job, measured)
+    assert trial.training_s < TRAINING_BOUND_S and trial.world_after == 1, job.tail()
+    assert 2 in trial.rejoined, (trial.rejoined, job.tail())  # the thawed node is back
+    assert trial.thawed and trial.thawed[0]["stopped_s"] > 5, job.nodes[trial.victim].text()[-3000:]
+    assert_ends_complete(job, trial)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_frozen_rendezvous_host_is_named_by_the_other_node_which_waits_for_it(workdir):
-    job = TwoNodes(workdir, free_port(), epochs=60)
-    try:
-        measured = run_fault(job, "host-freeze")
-    finally:
-        job.close()
-    found = measured["found"]
-    assert measured["found_s"] < DETECTION_BOUND_S, found
+def test_a_frozen_rendezvous_host_is_named_by_the_other_node_which_waits_for_it(two_nodes):
+    job = two_nodes(epochs=60)
+    trial = node_trial(job, "host-freeze", FAULT_AFTER, process_env())
+    found = trial.found
+    assert trial.found_s < DETECTION_BOUND_S, found
     assert found["node"] == 0 and "the rendezvous host" in found["message"], found
-    assert_ends_complete(job, measured)
+    assert not found["goes_on"] and "ddp-launch waits for it" in found["message"], found
+    assert_ends_complete(job, trial)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_where_the_bounds_need_both_nodes_the_survivor_says_so_and_waits_until_the_node_is_back(two_nodes):
+    job = two_nodes(epochs=100, nnodes="2", launcher_args=[f"--waiting-line-s={WAITING_LINE_S}"])
+    waiting: list[float] = []
+
+    def waited_twice(survivor, found_at: float) -> bool:
+        waiting[:] = [
+            at for at, line in survivor.lines if at > found_at and "torchrun has run no worker" in line
+        ]
+        return len(waiting) >= 2
+
+    trial = node_trial(job, "node-freeze", FAULT_AFTER, process_env(), undo_when=waited_twice)
+    found = trial.found
+    assert trial.found_s < DETECTION_BOUND_S and found["node"] == 1, found
+    assert not found["goes_on"], found
+    assert "the job's bounds (--nnodes=2) do not allow training on 1 node" in found["message"], found
+    # said again at a steady interval while it waits, by the test's clock
+    assert WAITING_LINE_S * 0.8 <= waiting[1] - waiting[0] <= WAITING_LINE_S * 2, waiting
+    survivor = job.nodes[1 - trial.victim]
+    line = next(line for at, line in survivor.lines if at == waiting[0])
+    assert "for at least 2 nodes (--nnodes=2)" in line, line
+    assert trial.world_after == 2 and set(trial.rejoined) == {2}, job.tail()  # never trained alone
+    assert_ends_complete(job, trial)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.skipif(not isolation_available(), reason="needs root and network namespaces")
-def test_a_node_cut_off_by_a_real_partition_is_named_and_rejoins_once_healed(workdir):
-    with linked_hosts(2) as network:
-        job = TwoNodes(
-            workdir, free_port(), epochs=150, addresses=network.addresses,
-            prefixes=[network.prefix(0), network.prefix(1)],
-        )  # fmt: skip
-        try:
-            # the cut-off node sees the store not answer; the other sees the cut-off one fall silent
-            measured = run_fault(job, "partition", network)
-        finally:
-            job.close()
-    found = measured["found"]
-    assert measured["found_s"] < DETECTION_BOUND_S, found
+def test_a_node_cut_off_by_a_real_partition_is_named_and_rejoins_once_healed(two_nodes):
+    with contextlib.ExitStack() as stack:
+        network = stack.enter_context(linked_hosts(2))
+        job = two_nodes(
+            epochs=150, addresses=network.addresses, prefixes=[network.prefix(0), network.prefix(1)]
+        )
+        stack.callback(job.close)  # before the namespaces go
+        # the cut-off node sees the store not answer; the other sees the cut-off one fall silent
+        trial = node_trial(job, "partition", FAULT_AFTER, process_env(), network)
+    found = trial.found
+    assert trial.found_s < DETECTION_BOUND_S, found
     assert found["node"] == 1, found
-    assert measured["training_s"] < TRAINING_BOUND_S and measured["world_after"] == 1, job.tail()
-    assert 2 in measured["rejoined"], (measured["rejoined"], job.tail())
-    assert_ends_complete(job, measured)
+    assert trial.training_s < TRAINING_BOUND_S and trial.world_after == 1, job.tail()
+    assert 2 in trial.rejoined, (trial.rejoined, job.tail())
+    assert_ends_complete(job, trial)

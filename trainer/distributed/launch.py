@@ -53,6 +53,7 @@ from trainer.checkpoint import open_store
 from trainer.cli import EXIT_CONFIG_ERROR, FATAL_FILE_ENV, validate
 from trainer.config import ConfigError
 from trainer.config.argparsing import OneLineParser
+from trainer.distributed.elastic_bounds import NNODES_ENV, PET_NNODES_ENV, node_bounds
 from trainer.distributed.heartbeat import HEARTBEAT_DIR_ENV
 from trainer.distributed.liveness import serve_health
 from trainer.distributed.recurrence import CRASH_DIR_ENV
@@ -82,6 +83,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         help="new torchrun runs after a failed one, each after waiting for the host (default 3)",
     )  # fmt: skip
     parser.add_argument(
+        "--waiting-line-s", type=float, default=30, metavar="S",
+        help="while torchrun runs no worker (it waits in its rendezvous for nodes), say so every S seconds "
+        "(default 30; 0: never)",
+    )  # fmt: skip
+    parser.add_argument(
         "--health-port", type=int, default=0, metavar="PORT",
         help="serve the pod's liveness at GET /healthz on PORT (default 0: off)",
     )  # fmt: skip
@@ -90,8 +96,8 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         help="the address /healthz listens on (default: every address of the pod)",
     )  # fmt: skip
     options = parser.parse_args(argv[:split])
-    if options.rendezvous_wait < 0 or options.relaunches < 0:
-        parser.error("--rendezvous-wait and --relaunches must not be negative")
+    if options.rendezvous_wait < 0 or options.relaunches < 0 or options.waiting_line_s < 0:
+        parser.error("--rendezvous-wait, --relaunches and --waiting-line-s must not be negative")
     if not 0 <= options.health_port <= 65535:
         parser.error(f"--health-port {options.health_port}: must be 0 (off) to 65535")
     return options, argv[split + 1 :]
@@ -131,6 +137,41 @@ def rendezvous_host(torchrun_args: Sequence[str], env: dict[str, str]) -> tuple[
     if master and node_rank != "0" and not _is_this_host(master):
         return master, _option(torchrun_args, ["--master-port"]) or env.get("PET_MASTER_PORT", "29500")
     return None
+
+
+def nnodes(torchrun_args: Sequence[str], env: dict[str, str]) -> str:
+    """torchrun's `--nnodes` (its default is 1)."""
+    return _option(torchrun_args, ["--nnodes"]) or env.get(PET_NNODES_ENV) or "1"
+
+
+@dataclass
+class RendezvousWaitLine:
+    """torchrun that runs no worker waits in its rendezvous: for the job's first nodes, or,
+    after a lost node, for enough of them again. Silent otherwise, so it is said every
+    `every_s` of such a wait (`look` returns the line when one is due)."""
+
+    every_s: float
+    nnodes: str
+    endpoint: str
+    idle_since: float | None = None
+    said_at: float | None = None
+
+    def look(self, has_workers: bool, now: float) -> str | None:
+        if has_workers or not self.every_s:
+            self.idle_since = self.said_at = None
+            return None
+        if self.idle_since is None:
+            self.idle_since = now
+        if now - (self.said_at or self.idle_since) < self.every_s:
+            return None
+        self.said_at = now
+        bounds = node_bounds({NNODES_ENV: self.nnodes})
+        low = bounds[0] if bounds else 1
+        return (
+            f"torchrun has run no worker for {now - self.idle_since:.0f}s: it waits in its rendezvous at "
+            f"{self.endpoint} for at least {low} node{'s' * (low != 1)} (--nnodes={self.nnodes}); "
+            "a lost node counts again once it answers or its pod is replaced"
+        )
 
 
 def own_name_problem() -> str | None:
@@ -299,11 +340,14 @@ class PodFiles:
         shutil.rmtree(self.crashes, ignore_errors=True)
 
 
-def run_torchrun(torchrun_args: Sequence[str], files: PodFiles, stopping: list[int]) -> int:
+def run_torchrun(
+    torchrun_args: Sequence[str], files: PodFiles, stopping: list[int], waiting: RendezvousWaitLine
+) -> int:
     """One torchrun, in a session of its own so that a terminal's Ctrl-C reaches it only
-    through us, once, as SIGTERM; stopped at once when a worker reports a fatal error."""
+    through us, once, as SIGTERM; stopped at once when a worker reports a fatal error; its
+    waits for nodes said at a steady interval."""
     fatal_file = files.fatal
-    env = {**RDZV_ENV, **os.environ, **files.env()}
+    env = {**RDZV_ENV, **os.environ, **files.env(), NNODES_ENV: waiting.nnodes}
     process = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", *torchrun_args],
         env=env,
@@ -323,6 +367,8 @@ def run_torchrun(torchrun_args: Sequence[str], files: PodFiles, stopping: list[i
     try:
         while (code := process.poll()) is None:
             reap_orphans(keep=process.pid)
+            if line := waiting.look(_runs_workers(process.pid), time.monotonic()):
+                _say(line)
             if fatal_file.exists() and not stopping:
                 signal_tree(process.pid)
                 process.wait()
@@ -338,6 +384,14 @@ def run_torchrun(torchrun_args: Sequence[str], files: PodFiles, stopping: list[i
     if stopping:  # what a container stopped by that signal reports: retryable, never 0
         return 128 + stopping[0]
     return container_exit_code(code)
+
+
+def _runs_workers(pid: int) -> bool:
+    """Whether torchrun has worker processes (its children) now."""
+    try:
+        return bool(psutil.Process(pid).children())
+    except psutil.NoSuchProcess:
+        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -380,6 +434,9 @@ def _launch(
 ) -> int:
     """Wait for the host, run torchrun, and run it again after a failure, within the budget."""
     stopping: list[int] = []  # the signal this pod got, once it got one
+    env = dict(os.environ)
+    endpoint = _option(torchrun_args, ["--rdzv-endpoint"]) or env.get("PET_RDZV_ENDPOINT") or "localhost"
+    waiting = RendezvousWaitLine(options.waiting_line_s, nnodes(torchrun_args, env), endpoint)
     code = 0
     for attempt in range(options.relaunches + 1):
         if target and not wait_for_host(*target, options.rendezvous_wait):
@@ -389,7 +446,7 @@ def _launch(
             )
             return EXIT_GAVE_UP
         files.fatal.unlink(missing_ok=True)
-        code = run_torchrun(torchrun_args, files, stopping)
+        code = run_torchrun(torchrun_args, files, stopping, waiting)
         if code in (0, EXIT_CONFIG_ERROR) or stopping:
             return code
         if attempt < options.relaunches:

@@ -19,7 +19,9 @@ A lost node is named in one line by every survivor (node rank, host, last step, 
 silence). The survivor then leaves the broken group at once: it kills its node's other
 ranks and exits, so that its torchrun re-rendezvouses without the lost node (its keep-alive
 has expired by then: the chart's `keep_alive_*` settings) and resumes from the newest
-snapshot, at the smaller world size where `--nnodes` allows it. A node that finds its own
+snapshot, at the smaller world size where `--nnodes` allows it; where it does not, the line
+says so and the survivors wait in torchrun's rendezvous for the node to come back or be
+replaced (`ddp-launch` says so again at a steady interval). A node that finds its own
 clock jumped past the limit was the frozen one: it blames nobody, and leaves too, so that
 it rejoins at the next round instead of waiting in a collective whose peers are gone.
 
@@ -45,6 +47,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from trainer.config import WatchdogConfig
+from trainer.distributed.elastic_bounds import describe, node_bounds
 from trainer.distributed.heartbeat import DONE, Heartbeat, read_records
 from trainer.distributed.process_group import DistContext
 
@@ -124,7 +127,9 @@ class NodeWatch:
                 return None
             last = self.seen.get(0)
             store = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-            return Loss(0, f"the rendezvous host (store {store})", silent, limit, last and last.progress)
+            return Loss(
+                0, f"the rendezvous host (store {store})", silent, limit, last and last.progress, True
+            )
         for node in range(self.num_nodes):
             seen = self.seen.get(node)
             since = seen.changed_at if seen is not None else self.started_at
@@ -144,6 +149,7 @@ class Loss:
     silent_s: float
     limit_s: float
     last: Progress | None
+    store_host: bool = False  # the store stopped answering: its host is the one lost
 
     def describe(self) -> str:
         last = self.last
@@ -162,6 +168,26 @@ class Loss:
             "step": self.last.step if self.last else None,
             "phase": self.last.phase if self.last else None,
         }
+
+
+def going_on(loss: Loss, num_nodes: int, bounds: tuple[int, int] | None, me: str) -> tuple[bool, str]:
+    """Whether the survivors can train without the lost node, and what this node does: the
+    words that end the lost line."""
+    if loss.store_host:
+        return False, (
+            f"{me} leaves the group; torchrun cannot rendezvous without the store's host, so "
+            "ddp-launch waits for it to come back (its pod re-created) and starts torchrun again"
+        )
+    if bounds is not None and num_nodes - 1 < bounds[0]:
+        left = num_nodes - 1
+        return False, (
+            f"the job's bounds ({describe(bounds)}) do not allow training on {left} node{'s' * (left != 1)}: "
+            f"{me} leaves the group and waits in torchrun's rendezvous until the node is back or replaced"
+        )
+    return True, (
+        f"{me} leaves the group so that torchrun re-rendezvouses without it and resumes from the newest "
+        "snapshot"
+    )
 
 
 def own_progress(heartbeat: Heartbeat, node: int, host: str, seq: int) -> Progress:
@@ -273,10 +299,10 @@ class NodeWatcher:
                 loss = self.watch.lost(now)
             if loss is not None and self.running.is_set():
                 me = f"node {self.context.node_rank} ({self.context.hostname})"
+                goes_on, then = going_on(loss, self.context.num_nodes, node_bounds(os.environ), me)
                 self.log.error(
-                    f"{loss.describe()}; {me} leaves the group so that torchrun re-rendezvouses "
-                    "without it and resumes from the newest snapshot",
-                    extra={"event": "node_lost", "fields": loss.fields()},
+                    f"{loss.describe()}; {then}",
+                    extra={"event": "node_lost", "fields": {**loss.fields(), "goes_on": goes_on}},
                 )
                 self.leave(self.heartbeat)
                 return
