@@ -7,6 +7,7 @@ ddp-ops status  JOB [-n NS]        conditions, replicas, restarts, age, rank 0's
 ddp-ops logs    JOB [-n NS] [-f]   rank 0's pytorch container
 ddp-ops delete  RELEASE [-n NS]    every object submit made for the release (its labels)
 ddp-ops local   [-f VALUES] [--set K=V] [--code DIR] [--workdir DIR] [--delay POD=SECONDS] [--runtime docker]
+                [--freeze-node POD=SECONDS [--node-back-after S | --node-deleted-after S]]
                                                                 run the rendered job here
 """
 
@@ -25,6 +26,7 @@ import yaml
 from operator_scripts.chart import ValuesError, deep_merge, merge_values, render
 from operator_scripts.cluster import Cluster, ClusterError, format_status
 from operator_scripts.code_bundle import CodeError, code_values
+from operator_scripts.node_loss import NODE_MONITOR_GRACE_S, NodeLossPlan
 from trainer.config.argparsing import OneLineParser, existing_file, positive_float
 
 HELM_COMMANDS = ("render", "submit", "local")
@@ -102,6 +104,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="start POD (worker-0 or a full pod name) SECONDS after the others, as a slow image "
         "pull or node scale-up would (repeatable)",
     )
+    local.add_argument(
+        "--freeze-node",
+        action="append",
+        default=[],
+        type=_delay,
+        metavar="POD=SECONDS",
+        help="freeze the node of POD SECONDS into the run: its processes and its kubelet stop, and the "
+        "control plane answers as on a cluster (NotReady, eviction by the pod's toleration; repeatable)",
+    )
+    local.add_argument(
+        "--node-back-after", type=positive_float, metavar="SECONDS",
+        help="a frozen node answers again SECONDS after it froze (default: never)",
+    )  # fmt: skip
+    local.add_argument(
+        "--node-deleted-after", type=positive_float, metavar="SECONDS",
+        help="a frozen node's Node object is deleted SECONDS after it froze (its VM gone); PodGC then "
+        "force-deletes its pods (default: never)",
+    )  # fmt: skip
+    local.add_argument(
+        "--node-monitor-grace-period", type=positive_float, default=NODE_MONITOR_GRACE_S, metavar="SECONDS",
+        help="seconds without a node's status before it is NotReady (kube-controller-manager's; default 40)",
+    )  # fmt: skip
     # listed for --help; its own options are parsed by operator_scripts.estimate
     commands.add_parser(
         "estimate", help="predict speedup at N devices (ring all-reduce model)", add_help=False
@@ -143,7 +167,23 @@ def _local(args: argparse.Namespace) -> int:
 
     rendered = _render(args)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ddp-local-"))
-    options = {"timeout": args.timeout, "delays": dict(args.delay)}
+    if args.node_back_after is not None and args.node_deleted_after is not None:
+        print(
+            f"ddp-ops local: error: --node-back-after {args.node_back_after:g} and --node-deleted-after "
+            f"{args.node_deleted_after:g}: give one (a frozen node either answers again or is deleted)",
+            file=sys.stderr,
+        )
+        return 2
+    losses = [
+        NodeLossPlan(pod, seconds, args.node_back_after, args.node_deleted_after)
+        for pod, seconds in args.freeze_node
+    ]
+    options = {
+        "timeout": args.timeout,
+        "delays": dict(args.delay),
+        "node_losses": losses,
+        "node_grace_s": args.node_monitor_grace_period,
+    }
     try:
         if args.runtime == "docker":
             outcome = _local_in_docker(rendered, workdir, args.pod_subnet, options)

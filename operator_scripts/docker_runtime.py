@@ -179,6 +179,9 @@ class DockerRuntime:
     def freeze(self, pod: LocalPod) -> None:
         self.engine.run("pause", pod.name, check=False)
 
+    def thaw(self, pod: LocalPod) -> None:
+        self.engine.run("unpause", pod.name, check=False)
+
     def logs(self, pod_name: str) -> str:
         """`docker logs` of the pod's current container, its stdout and stderr in one stream
         in the order written, as `kubectl logs` shows them."""

@@ -36,6 +36,7 @@ class JobRules(Protocol):
 
     def plans(self) -> list[PodPlan]: ...
     def on_exit(self, pod: PodState, code: int, pods: list[PodState]) -> ExitOutcome: ...
+    def on_deleted(self, pod: PodState, why: str) -> ExitOutcome: ...
     def condition(self, pods: list[PodState], failure: str) -> JobCondition: ...
     def counted_restarts(self, pods: list[PodState]) -> int: ...
     def to_delete(self, pods: list[PodState]) -> tuple[list[str], str]: ...
@@ -85,6 +86,12 @@ class PyTorchJobRules:
         reason = exited + (", not retryable" if policy == "ExitCode" else "")
         return ExitOutcome("failed", f"pod {pod.name} failed with exit code {code}", reason=reason)
 
+    def on_deleted(self, pod: PodState, why: str) -> ExitOutcome:
+        """A pod deleted under the operator (evicted, force-deleted): no pod of its index
+        exists any more, so the operator creates it anew (pkg/controller.v1/common/pod.go
+        ReconcilePods, `len(podSlice) == 0`); no restart is counted."""
+        return ExitOutcome("recreate", f"pod {pod.name} deleted ({why}); the operator creates it anew")
+
     def condition(self, pods: list[PodState], failure: str) -> JobCondition:
         return operator_status.job_condition(
             self.job, pods, permanent_failure=failure, new_failure=bool(failure)
@@ -133,15 +140,29 @@ class TrainJobRules:
             return ExitOutcome("restart", f"{exited}; restart {pod.restarts + 1} in {delay:.0f}s", delay)
         if action == "fail-job":
             return self._job_failed("PodFailurePolicy", f"{exited} (podFailurePolicy: FailJob)")
+        return self._replace(action, exited)
+
+    def on_deleted(self, pod: PodState, why: str) -> ExitOutcome:
+        """A node pod a controller deleted carries DisruptionTarget; the Job's
+        podFailurePolicy decides whether its replacement counts (jobset_status.after_disruption)."""
+        deleted = f"pod {pod.name} deleted ({why}, DisruptionTarget)"
+        action = jobset_status.after_disruption(self.node_job.pod_failure_policy)
+        if action == "fail-job":
+            return self._job_failed("PodFailurePolicy", f"{deleted} (podFailurePolicy: FailJob)")
+        return self._replace(action, deleted)
+
+    def _replace(self, action: str, what: str) -> ExitOutcome:
+        """A failed pod the Job replaces, counted against backoffLimit unless ignored."""
+        job = self.node_job
         self.failures_since_success += 1
         counted = "not counted (podFailurePolicy: Ignore)"
         if action == "count":
             self.failed += 1
             counted = f"failed pod {self.failed}, backoffLimit {job.backoff_limit}"
             if reason := jobset_status.job_failure(job.restart_policy, job.backoff_limit, self.failed, 0):
-                return self._job_failed(reason, f"{exited} ({counted})")
+                return self._job_failed(reason, f"{what} ({counted})")
         delay = jobset_status.replacement_delay(self.failures_since_success)
-        return ExitOutcome("recreate", f"{exited} ({counted}); the Job replaces it in {delay:.0f}s", delay)
+        return ExitOutcome("recreate", f"{what} ({counted}); the Job replaces it in {delay:.0f}s", delay)
 
     def _job_failed(self, job_reason: str, what: str) -> ExitOutcome:
         """The node Job failed: the JobSet fails, or re-creates every Job."""

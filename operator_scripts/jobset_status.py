@@ -28,8 +28,8 @@ def after_exit(
     a failed pod meets the podFailurePolicy, first matching rule wins (pod_failure_policy.go
     matchPodFailurePolicy): FailJob fails the Job at once, Ignore replaces the pod without
     counting it, Count (and no match) counts it against backoffLimit. Only onExitCodes
-    rules can match here: nothing local sets a pod's DisruptionTarget condition (a
-    preemption or an eviction does on a cluster), so a killed pod counts as a crash."""
+    rules can match an exit: a pod deleted by a controller (an eviction) carries the
+    DisruptionTarget condition instead, which `after_disruption` judges."""
     if code == 0:
         return "succeeded"
     if restart_policy == "OnFailure":
@@ -40,6 +40,17 @@ def after_exit(
             continue
         listed = code in codes["values"]
         if listed == (codes["operator"] == "In"):
+            return {"FailJob": "fail-job", "Ignore": "ignore"}.get(rule["action"], "count")
+    return "count"
+
+
+def after_disruption(pod_failure_policy: dict[str, Any] | None) -> PodAction:
+    """What becomes of a node pod that a controller deleted (the taint manager's eviction,
+    PodGC's force-deletion): it carries the DisruptionTarget condition, and the first
+    podFailurePolicy rule on that condition decides; no such rule counts it."""
+    for rule in (pod_failure_policy or {}).get("rules", []):
+        conditions = rule.get("onPodConditions") or []
+        if any(c.get("type") == "DisruptionTarget" and c.get("status", "True") == "True" for c in conditions):
             return {"FailJob": "fail-job", "Ignore": "ignore"}.get(rule["action"], "count")
     return "count"
 

@@ -29,6 +29,7 @@ Process stand-ins, since there are no pods:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import signal
 import subprocess
@@ -40,9 +41,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from operator_scripts.job_rules import JobRules, rules_for
+from operator_scripts.job_rules import ExitOutcome, JobRules, rules_for
 from operator_scripts.kubelet_probe import ContainerProber
 from operator_scripts.local_pods import HostsTable, LocalError, LocalPod, PodRuntime, prepare
+from operator_scripts.node_loss import (
+    NODE_MONITOR_GRACE_S,
+    UNREACHABLE,
+    NodeLoss,
+    NodeLossPlan,
+    toleration_seconds,
+)
 from operator_scripts.operator_status import JobCondition
 from operator_scripts.process_runtime import ProcessRuntime
 from trainer.distributed.launch import container_exit_code
@@ -143,6 +151,11 @@ def _advance(
     notify: Callable[[str], None],
 ) -> str:
     """One kubelet and controller pass over a pod; returns a job failure's reason."""
+    if pod.node is not None:
+        if reason := _advance_node(pod, pods, rules, hosts, now, notify):
+            return reason
+        if pod.node is not None and pod.node.kubelet_down:  # nothing on the node runs
+            return ""
     if pod.phase == "Pending" and now >= pod.start_at:
         _start(pod, hosts)
         return ""
@@ -157,15 +170,30 @@ def _advance(
     if returncode is None:
         _check_liveness(pod, now, notify)
         return ""
-    code = pod.exit_code = container_exit_code(returncode)
-    for name in (pod.name, *pod.plan.aliases):  # not Ready: its Service has no endpoint
+    pod.exit_code = container_exit_code(returncode)
+    _ended(pod, hosts)
+    if pod.deleting:  # the kubelet ended a pod deleted meanwhile: the controller creates it anew
+        outcome, pod.deleting = rules.on_deleted(pod.state, pod.deleting), ""
+    else:
+        outcome = rules.on_exit(pod.state, pod.exit_code, [p.state for p in pods])
+    return _apply(outcome, pod, pods, now, notify)
+
+
+def _ended(pod: LocalPod, hosts: HostsTable) -> None:
+    """The pod's container is gone: not Ready (its Service has no endpoint), no probes."""
+    for name in (pod.name, *pod.plan.aliases):
         hosts.set(name, None)
     pod.process, pod.kill_at = None, None
     if pod.prober is not None:
         pod.prober.stop()
         pod.prober = None
     pod.log.close()
-    outcome = rules.on_exit(pod.state, code, [p.state for p in pods])
+
+
+def _apply(
+    outcome: ExitOutcome, pod: LocalPod, pods: list[LocalPod], now: float, notify: Callable[[str], None]
+) -> str:
+    """Carry out what the controller decided about a pod; a job failure's reason, or ""."""
     if outcome.message:
         notify(outcome.message)
     if outcome.action == "restart":
@@ -185,16 +213,94 @@ def _advance(
     return ""
 
 
-def resolve_delays(job_name: str, pods: list[LocalPod], delays: dict[str, float]) -> dict[str, float]:
-    """`worker-0=75` or a full pod name -> that pod's start delay; an unknown pod is an error."""
+def lose_node(pod: LocalPod, plan: NodeLossPlan, now: float, grace_s: float, podgc_epoch: float) -> None:
+    """The pod's node stops answering now: its processes frozen at once, its kubelet silent
+    (no probes, no exits reported), and the control plane's answer on its clock (node_loss)."""
+    if pod.prober is not None:
+        pod.prober.stop()
+        pod.prober = None
+    if pod.process is not None:
+        pod.runtime.freeze(pod)
+    pod.node = NodeLoss(plan, now, grace_s, toleration_seconds(pod.plan.template), podgc_epoch)
+
+
+def _advance_node(
+    pod: LocalPod,
+    pods: list[LocalPod],
+    rules: JobRules,
+    hosts: HostsTable,
+    now: float,
+    notify: Callable[[str], None],
+) -> str:
+    """What the control plane does about the pod's silent node, as it comes due."""
+    loss = pod.node
+    for change in loss.due(now):
+        silent = f"{now - loss.frozen_at:.0f}s"
+        if change == "not-ready":
+            for name in (pod.name, *pod.plan.aliases):
+                hosts.set(name, None)
+            notify(
+                f"node of pod {pod.name}: no status for {loss.grace_s:g}s (node-monitor-grace-period): "
+                f"NotReady, tainted {UNREACHABLE}:NoExecute; the pod is not Ready: its name stops resolving"
+            )
+        elif change == "evicted":
+            notify(
+                f"pod {pod.name} evicted after its {loss.toleration_s:g}s toleration of {UNREACHABLE}: "
+                "Terminating until its node answers or is deleted; no replacement is created while it exists"
+            )
+        elif change == "answers":
+            pod.node = None
+            if pod.process is not None:
+                pod.runtime.thaw(pod)
+                for name in (pod.name, *pod.plan.aliases):
+                    hosts.set(name, pod.address)
+                pod.prober = ContainerProber.of(pod.plan.container, pod.address)
+            notify(f"node of pod {pod.name} answers again after {silent}: the pod goes on")
+        elif change == "answers-evicted":
+            pod.node, pod.deleting = None, "evicted from its unreachable node"
+            notify(
+                f"node of pod {pod.name} answers again after {silent}: its kubelet ends the evicted pod "
+                "(SIGTERM, then SIGKILL after its grace period)"
+            )
+            if pod.process is not None:
+                pod.runtime.thaw(pod)
+                kill_pod(pod, signal.SIGTERM)
+                pod.kill_at = now + pod.plan.template["spec"].get("terminationGracePeriodSeconds", 30)
+            else:
+                return _apply(rules.on_deleted(pod.state, pod.deleting), pod, pods, now, notify)
+        elif change == "node-deleted":
+            if pod.process is not None:  # the VM is gone, and all that ran on it
+                kill_pod(pod, signal.SIGKILL)
+                pod.process.wait()
+                _ended(pod, hosts)
+            notify(
+                f"node of pod {pod.name} deleted after {silent}: PodGC force-deletes its pods "
+                f"{loss.orphan_at - now:.0f}s from now (a 40s quarantine on its 20s period)"
+            )
+        elif change == "pod-deleted":
+            pod.node = None
+            return _apply(
+                rules.on_deleted(pod.state, "force-deleted by PodGC: its node no longer exists"),
+                pod,
+                pods,
+                now,
+                notify,
+            )
+    return ""
+
+
+def resolve_pod(job_name: str, pods: list[LocalPod], option: str, key: str, seconds: float) -> str:
+    """`worker-0` or a full pod name -> the pod's name; an unknown pod is an error."""
     names = {pod.name for pod in pods}
-    resolved = {}
-    for key, seconds in delays.items():
-        name = key if key in names else f"{job_name}-{key}"
-        if name not in names:
-            raise LocalError(f"--delay {key}={seconds:g}: no such pod; pods are {', '.join(sorted(names))}")
-        resolved[name] = seconds
-    return resolved
+    name = key if key in names else f"{job_name}-{key}"
+    if name not in names:
+        raise LocalError(f"{option} {key}={seconds:g}: no such pod; pods are {', '.join(sorted(names))}")
+    return name
+
+
+def resolve_delays(job_name: str, pods: list[LocalPod], delays: dict[str, float]) -> dict[str, float]:
+    """`worker-0=75` or a full pod name -> that pod's start delay."""
+    return {resolve_pod(job_name, pods, "--delay", key, seconds): seconds for key, seconds in delays.items()}
 
 
 def run(
@@ -208,9 +314,12 @@ def run(
     on_tick: Callable[[list[LocalPod]], None] | None = None,
     host_env: dict[str, str] | None = None,
     runtime: PodRuntime | None = None,
+    node_losses: list[NodeLossPlan] = (),
+    node_grace_s: float = NODE_MONITOR_GRACE_S,
 ) -> LocalOutcome:
     """Run the job until its controller would call it finished, apply the clean-up it does
-    then, stop whatever still runs, and report."""
+    then, stop whatever still runs, and report. Each of `node_losses` freezes a pod's node
+    at its time (node_loss), with `node_grace_s` as the node controller's grace period."""
     try:
         rules = rules_for(objects)
     except ValueError as error:
@@ -219,6 +328,10 @@ def run(
     runtime = runtime or ProcessRuntime()
     pods = prepare(objects, workdir, runtime, host_env, plans=rules.plans())
     start_delays = resolve_delays(rules.name, pods, delays or {})
+    losses = [
+        dataclasses.replace(plan, pod=resolve_pod(rules.name, pods, "--freeze-node", plan.pod, plan.at_s))
+        for plan in node_losses
+    ]
     hosts = HostsTable(workdir / "etc-hosts")
     rank0 = next(p for p in pods if p.plan.is_rank0)
     stop = threading.Event()
@@ -239,6 +352,11 @@ def run(
             if now - started > timeout:
                 condition = JobCondition("Failed", f"DeadlineExceeded: still running after {timeout:.0f}s")
                 break
+            for plan in [plan for plan in losses if now - started >= plan.at_s]:
+                losses.remove(plan)
+                frozen = next(pod for pod in pods if pod.name == plan.pod)
+                notify(f"node of pod {frozen.name} froze: its processes and its kubelet stop")
+                lose_node(frozen, plan, now, node_grace_s, started)
             failures: list[str] = []
             for pod in pods:  # the controller reconciles on each pod's change, not once per round
                 if reason := _advance(pod, pods, rules, hosts, now, notify):
@@ -269,6 +387,8 @@ def run(
         for pod in pods:
             if pod.prober is not None:
                 pod.prober.stop()
+            if pod.process is not None and pod.node is not None:  # a frozen node: nothing graceful
+                kill_pod(pod, signal.SIGKILL)
             if pod.process is not None:
                 _stop(pod)
             if pod.log is not None:

@@ -20,6 +20,7 @@ import yaml
 
 from operator_scripts.job_rules import rules_for
 from operator_scripts.kubelet_probe import ContainerProber
+from operator_scripts.node_loss import NodeLoss
 from operator_scripts.operator_env import PodPlan
 from operator_scripts.operator_status import Phase, PodState
 
@@ -43,6 +44,7 @@ class PodRuntime(Protocol):
     def launch(self, pod: LocalPod, hosts: HostsTable, log: TextIO) -> subprocess.Popen: ...
     def signal(self, pod: LocalPod, sig: int) -> None: ...
     def freeze(self, pod: LocalPod) -> None: ...
+    def thaw(self, pod: LocalPod) -> None: ...
 
 
 class HostsTable:
@@ -96,6 +98,8 @@ class LocalPod:
     log: TextIO | None = field(default=None, repr=False)
     prober: ContainerProber | None = field(default=None, repr=False)
     kill_at: float | None = None  # a liveness kill's SIGKILL, after the grace period
+    node: NodeLoss | None = field(default=None, repr=False)  # its node, while it does not answer
+    deleting: str = ""  # why the kubelet is ending the pod for its deletion (its exit re-creates it)
 
     @property
     def name(self) -> str:

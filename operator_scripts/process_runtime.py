@@ -100,6 +100,9 @@ class ProcessRuntime:
     def freeze(self, pod: LocalPod) -> None:
         signal_tree(pod.process.pid, signal.SIGSTOP)
 
+    def thaw(self, pod: LocalPod) -> None:
+        signal_tree(pod.process.pid, signal.SIGCONT)
+
 
 def check_sandbox(hosts: HostsTable) -> None:
     """Fail in one line, before any pod starts, where namespaces cannot be made."""

@@ -36,6 +36,7 @@ from trainer.config.schema import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).parent / "helpers"
+CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"  # the chart's two CPU pods
 AUDIT = HELPERS / "audit"
 sys.path.insert(0, str(HELPERS))  # the test plug-ins, importable in-process as in subprocesses
 

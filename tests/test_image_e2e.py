@@ -16,7 +16,14 @@ import urllib.request
 
 import boto3
 import pytest
-from conftest import REPO, assert_lost_within, freeze_pod_1_once_snapshotted, pod_snapshot_steps, serve_moto
+from conftest import (
+    CPU_VALUES,
+    REPO,
+    assert_lost_within,
+    freeze_pod_1_once_snapshotted,
+    pod_snapshot_steps,
+    serve_moto,
+)
 
 from operator_scripts import image_lock
 from operator_scripts.chart import merge_values, render
@@ -28,7 +35,6 @@ from operator_scripts.local import LocalPod, kill_pod, run
 
 pytestmark = pytest.mark.image
 
-CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"
 SECRETS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 

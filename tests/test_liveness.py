@@ -12,7 +12,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import HELPERS, REPO, free_port, freeze_pod_1_once_snapshotted, process_env
+from conftest import CPU_VALUES, HELPERS, REPO, free_port, freeze_pod_1_once_snapshotted, process_env
 
 from operator_scripts.chart import merge_values, render
 from operator_scripts.kubelet_probe import ContainerProber, ProbeSpec
@@ -21,8 +21,6 @@ from trainer.config import WatchdogConfig
 from trainer.distributed.heartbeat import Heartbeat
 from trainer.distributed.liveness import serve_health
 from trainer.distributed.watchdog import VERDICTS_FILE, pod_health
-
-CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"
 
 
 def test_a_pod_is_unhealthy_once_a_rank_is_silent_twice_its_limit_unless_it_waits_for_a_peer(tmp_path):

@@ -14,6 +14,7 @@ from contextlib import closing
 
 import pytest
 from conftest import (
+    CPU_VALUES,
     HELPERS,
     REPO,
     assert_bits_of_an_uninterrupted_run,
@@ -31,7 +32,6 @@ from operator_scripts.local_pods import HostsTable, LocalError, prepare
 from operator_scripts.operator_env import injected_env, plan_pods, rank0_selector
 from operator_scripts.process_runtime import claim_host_ports
 
-CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"
 KINDS = ["PyTorchJob", "TrainJob"]
 DONE = {"PyTorchJob": "Succeeded", "TrainJob": "Complete"}  # the condition each kind shows
 

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, process_env
+from conftest import CPU_VALUES, REPO, process_env
 
 from operator_scripts.chart import deep_merge, merge_values, render
 from operator_scripts.code_bundle import CONFIGMAP_LIMIT, CodeError, code_values
@@ -21,7 +21,6 @@ from trainer.config.registry import Registry
 
 EXAMPLE = REPO / "docs" / "examples" / "own-model"
 PACKAGE = EXAMPLE / "wave_classifier"
-CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"
 PLUGINS = (
     "trainer.config.data.name=wave_classifier.data:build_dataset,"
     "trainer.config.model.name=wave_classifier.model:build_model"

@@ -10,6 +10,7 @@ import re
 
 import pytest
 from conftest import (
+    CPU_VALUES,
     HELPERS,
     REPO,
     S3Bucket,
@@ -30,7 +31,6 @@ from trainer.data.shards.source import open_source
 from trainer.data.shards.write import write_dataset
 
 PREFIX = "datasets/digits"
-CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"
 
 
 @pytest.fixture

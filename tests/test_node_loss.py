@@ -1,0 +1,186 @@
+"""A frozen node under `ddp-ops local` (operator_scripts.node_loss): its kubelet is silent,
+so no probe and no exit; the node controller marks it NotReady after its grace period, the
+taint manager evicts its pod after the pod's toleration, and the pod object goes, and the
+operator re-creates it, only once the node answers again or is deleted."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+import pytest
+from conftest import CPU_VALUES, HELPERS, REPO, free_port, pod_snapshot_steps, process_env
+
+from operator_scripts.chart import merge_values, render
+from operator_scripts.cli import main as ddp_ops
+from operator_scripts.job_rules import PyTorchJobRules, TrainJobRules
+from operator_scripts.jobset_status import after_disruption
+from operator_scripts.local import lose_node, run
+from operator_scripts.node_loss import DEFAULT_TOLERATION_S, NodeLoss, NodeLossPlan, toleration_seconds
+from operator_scripts.operator_status import PodState
+
+UNREACHABLE = "node.kubernetes.io/unreachable"
+
+
+def loss(
+    back: float | None = None, deleted: float | None = None, toleration: float | None = 20.0
+) -> NodeLoss:
+    return NodeLoss(NodeLossPlan("worker-1", 0.0, back, deleted), 100.0, 40.0, toleration, podgc_epoch=0.0)
+
+
+def test_a_frozen_node_is_not_ready_after_the_grace_period_and_its_pod_evicted_after_its_toleration():
+    node = loss()
+    assert node.due(139.9) == [] and node.kubelet_down
+    assert node.due(140.0) == ["not-ready"]
+    assert node.due(159.9) == []
+    assert node.due(160.0) == ["evicted"]
+    assert node.due(10_000.0) == [] and node.stage == "evicted"  # Terminating for as long as it is silent
+
+
+def test_a_node_that_answers_within_its_grace_period_changes_nothing_but_goes_on():
+    node = loss(back=30.0)
+    assert node.due(129.9) == [] and node.due(130.0) == ["answers"] and not node.kubelet_down
+
+
+def test_a_node_that_answers_after_the_eviction_has_its_kubelet_end_the_evicted_pod():
+    node = loss(back=120.0)
+    assert node.due(300.0) == ["not-ready", "evicted", "answers-evicted"]
+
+
+def test_a_pod_without_a_toleration_deadline_is_never_evicted():
+    assert loss(toleration=None).due(1e6) == ["not-ready"]
+
+
+@pytest.mark.parametrize(
+    ("deleted_after", "force_deleted_at"),
+    [(45.0, 200.0), (60.0, 200.0), (60.5, 220.0)],  # PodGC ticks every 20 s, then a 40 s quarantine
+)
+def test_a_deleted_nodes_pod_is_force_deleted_by_podgc_after_its_quarantine(deleted_after, force_deleted_at):
+    node = loss(deleted=deleted_after)
+    changes = node.due(100.0 + deleted_after)
+    assert changes[-1] == "node-deleted" and node.kubelet_down
+    assert node.due(force_deleted_at - 0.1) == [] and node.due(force_deleted_at) == ["pod-deleted"]
+
+
+def template(*tolerations: dict) -> dict:
+    return {"spec": {"tolerations": list(tolerations)}}
+
+
+@pytest.mark.parametrize(
+    ("pod", "seconds"),
+    [
+        (template(), DEFAULT_TOLERATION_S),  # the DefaultTolerationSeconds admission plugin's
+        (
+            template(
+                {"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 20}
+            ),
+            20,
+        ),
+        (template({"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute"}), None),  # forever
+        (template({"operator": "Exists"}), None),  # tolerates every taint
+        (template({"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}), DEFAULT_TOLERATION_S),
+    ],
+)
+def test_a_pods_toleration_of_an_unreachable_node(pod, seconds):
+    assert toleration_seconds(pod) == seconds
+
+
+def test_a_deleted_pod_is_recreated_by_the_operator_uncounted_and_replaced_by_the_job_per_its_policy():
+    state = PodState("job-worker-1", "worker", "Running", restarts=0)
+    chart = render(merge_values(files=[CPU_VALUES]), release="r", namespace="n")
+    outcome = PyTorchJobRules(chart.one("PyTorchJob")).on_deleted(state, "evicted")
+    assert (outcome.action, outcome.message) == (
+        "recreate",
+        "pod job-worker-1 deleted (evicted); the operator creates it anew",
+    )
+    v2 = render(merge_values(files=[CPU_VALUES], sets=["jobKind=TrainJob"]), release="r", namespace="n")
+    rules = TrainJobRules(v2.one("TrainJob"), v2.one("TrainingRuntime"))
+    outcome = rules.on_deleted(state, "evicted")
+    assert outcome.action == "recreate" and "not counted (podFailurePolicy: Ignore)" in outcome.message
+    assert rules.failed == 0
+    assert after_disruption(None) == "count"
+
+
+def test_freezing_a_node_that_both_answers_and_is_deleted_is_refused_in_one_line(capsys):
+    code = ddp_ops(["local", "-f", str(CPU_VALUES), "--freeze-node", "worker-1=30", "--node-back-after", "60",
+                    "--node-deleted-after", "90"])  # fmt: skip
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "ddp-ops local: error: --node-back-after 60 and --node-deleted-after 90: give one "
+        "(a frozen node either answers again or is deleted)"
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_frozen_nodes_pod_is_evicted_then_recreated_when_its_node_answers_and_the_job_succeeds(tmp_path):
+    """The chart's two CPU pods (fixed size: `--nnodes=2`), pod 1's node frozen once both hold a
+    snapshot of step 20, with a 3 s grace period and the chart's toleration set to 2 s; it
+    answers 15 s after it froze. Meanwhile pod 0 names it lost and waits (its bounds need
+    two nodes); no probe kills anything; the control plane's steps come at their times by
+    the test's clock; the evicted pod is ended and re-created, and the job succeeds at world
+    size 2 again."""
+    grace_s, toleration_s, back_s = 3.0, 2.0, 15.0
+    values = merge_values(
+        files=[CPU_VALUES],
+        sets=[
+            f"metrics.port={free_port()},nodeLoss.tolerationSeconds={toleration_s:g}",
+            "trainer.config.data.name=plugins:slow_digits,trainer.config.data.options.delay_s=0.002,"
+            "trainer.config.train.max_steps=150,trainer.config.checkpoint.every_steps=1000,"
+            "trainer.config.log.every_steps=10,trainer.config.log.format=json",
+        ],
+    )
+    rendered = render(values, release="ddp-run", namespace="training")
+    notes: list[tuple[float, str]] = []
+    frozen: list[float] = []
+    started = time.monotonic()
+
+    def freeze_once_snapshotted(pods) -> None:
+        if not frozen and min(max(pod_snapshot_steps(pod.folder), default=0) for pod in pods) >= 20:
+            frozen.append(time.monotonic())
+            lose_node(
+                pods[1], NodeLossPlan(pods[1].name, 0.0, back_after_s=back_s), frozen[0], grace_s, started
+            )
+
+    outcome = run(
+        rendered.objects,
+        tmp_path / "pods",
+        timeout=300,
+        stream=None,
+        notify=lambda line: notes.append((time.monotonic(), line)),
+        on_tick=freeze_once_snapshotted,
+        host_env=process_env({"PYTHONPATH": os.pathsep.join([str(REPO), str(HELPERS)])}),
+    )
+    logs = {name: path.read_text() for name, path in outcome.logs.items()}
+    said = [line for _, line in notes]
+    assert outcome.status == "Succeeded", (said, {k: v[-2000:] for k, v in logs.items()})
+    assert frozen and (outcome.recreations, outcome.restarts) == (1, 0), said
+    assert not [line for line in said if "probes failed" in line], said  # a frozen kubelet probes nothing
+
+    def at(text: str) -> float:
+        return next(when for when, line in notes if text in line) - frozen[0]
+
+    worker_1 = "ddp-run-ddp-trainer-worker-1"
+    assert grace_s <= at(f"node of pod {worker_1}: no status for 3s") < grace_s + 1, said
+    assert (
+        grace_s + toleration_s
+        <= at(f"pod {worker_1} evicted after its 2s toleration")
+        < grace_s + toleration_s + 1
+    )
+    assert back_s <= at(f"node of pod {worker_1} answers again") < back_s + 1, said
+    assert (
+        at(f"pod {worker_1} deleted (evicted from its unreachable node); the operator creates it anew")
+        > back_s
+    )
+
+    records = [
+        json.loads(line) for line in logs["ddp-run-ddp-trainer-worker-0"].splitlines() if line.startswith("{")
+    ]
+    lost = [r for r in records if r.get("event") == "node_lost"]
+    assert lost and lost[0]["node"] == 1 and not lost[0]["goes_on"], lost
+    assert "(--nnodes=2) do not allow training on 1 node" in lost[0]["message"]
+    assert [r["world_size"] for r in records if r.get("event") == "start"][-1] == 2
+    resumed = re.findall(r'"resumed_from": (\d+)', logs["ddp-run-ddp-trainer-worker-0"])
+    assert resumed and int(resumed[-1]) >= 20
