@@ -18,6 +18,10 @@ Between nodes (benchmarks.node_trials: two ddp-launch + torchrun agents, `--nnod
                (root), then plugged back;
   host-freeze  SIGSTOP rank 0's node (it hosts the store): the other names it within 10 s and
                waits; thawed at once, both resume at world size 2, bit-identical at the end.
+A node trial's final state is held bit for bit to a run without the fault: the same job for
+host-freeze; for a lost node, the trial's rounds replayed at their world sizes, each
+stopped where the next resumed (`TwoNodes.replay`, with a constant LR schedule), so that
+equal bits show every sample trained exactly once across the resizes.
 Each runs the digits demo at 2 ranks with dropout on (so every rank's RNG streams matter), a
 snapshot every `--snapshot-every` steps and no durable checkpoint before the end, for
 `--epochs` (60: 1,140 steps, some 12 s of training). A kill or a stop comes at a random
@@ -69,6 +73,9 @@ OVERRIDES = (
     "train.epochs={epochs}"
 )
 DETECTION_BOUND_S, TRAINING_BOUND_S = 10.0, 30.0
+# node trials: a schedule that `train.max_steps` leaves alone, so that a replay of the
+# trial's rounds, each stopped where the next resumed, trains at the trial's rates
+REPLAYABLE = ",optim.schedule=constant"
 
 
 @dataclass(frozen=True)
@@ -309,9 +316,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def node_trials(args: argparse.Namespace) -> int:
-    """Two nodes (benchmarks.node_trials), one of them frozen or cut off after a random step;
-    for `host-freeze`, whose world size comes back, the final state is held to the same run
-    without a fault, bit for bit."""
+    """Two nodes (benchmarks.node_trials), one of them frozen or cut off after a random step.
+    The final state is held bit for bit to a run without a fault: for `host-freeze`, whose
+    world size comes back at once, the same job run once; for a lost node, which the
+    survivor trains without for a while, the trial's own rounds replayed at their world
+    sizes (`TwoNodes.replay`): equal bits mean every sample trained exactly once."""
     chooser = random.Random(args.seed)
     started = time.perf_counter()
     env = {**environment(args.fork_server == "on"), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -322,7 +331,9 @@ def node_trials(args: argparse.Namespace) -> int:
         reference = None
         if args.fault == "host-freeze":
             (workdir / "reference").mkdir()
-            job = TwoNodes(workdir / "reference", free_port(), every=args.snapshot_every, epochs=epochs)
+            job = TwoNodes(
+                workdir / "reference", free_port(), every=args.snapshot_every, epochs=epochs, extra=REPLAYABLE
+            )
             try:
                 job.start(env)
                 if job.wait(timeout=600) != [0, 0]:
@@ -337,17 +348,20 @@ def node_trials(args: argparse.Namespace) -> int:
             with contextlib.ExitStack() as stack:
                 network = stack.enter_context(linked_hosts(2)) if args.fault == "partition" else None
                 job = TwoNodes(
-                    trial_dir, free_port(), every=args.snapshot_every, epochs=epochs,
+                    trial_dir, free_port(), every=args.snapshot_every, epochs=epochs, extra=REPLAYABLE,
                     addresses=network.addresses if network else ("127.0.0.1", "127.0.0.1"),
                     prefixes=[network.prefix(0), network.prefix(1)] if network else ((), ()),
                 )  # fmt: skip
                 stack.callback(job.close)
                 trial = node_trial(job, args.fault, fault_after, env, network)
-            if reference is not None:
-                identical = trial.codes == [0, 0] and same_state(
-                    final_state(trial_dir / "checkpoints"), reference
-                )
-                trial = dataclasses.replace(trial, identical=identical)
+            if trial.complete and trial.codes == [0, 0]:
+                if reference is None:
+                    (trial_dir / "replay").mkdir()
+                    expected = final_state(job.replay(trial_dir / "replay", env))
+                else:
+                    expected = reference
+                same = same_state(final_state(trial_dir / "checkpoints"), expected)
+                trial = dataclasses.replace(trial, identical=same)
             print(trial.describe(index), flush=True)
             trials.append(trial)
     found = [t.found_s for t in trials if t.found_s is not None]

@@ -85,13 +85,15 @@ class TwoNodes:
     launcher_args: Sequence[str] = ()  # ddp-launch's own options
     nodes: list[NodeProcess] = field(default_factory=list)
 
-    def command(self, index: int) -> list[str]:
-        name = "ab"[index]
-        overrides = OVERRIDES.format(every=self.every, epochs=self.epochs) + (
-            f",checkpoint.snapshot_dir={self.workdir / f'shm-{name}'},"
-            f"checkpoint.cache_dir={self.workdir / f'cache-{name}'},"
-            f"checkpoint.uri={self.workdir / 'checkpoints'}"
+    def overrides(self, workdir: Path, node: str) -> str:
+        """The trainer's settings for one node whose files are under `workdir`."""
+        return OVERRIDES.format(every=self.every, epochs=self.epochs) + (
+            f",checkpoint.snapshot_dir={workdir / f'shm-{node}'},"
+            f"checkpoint.cache_dir={workdir / f'cache-{node}'},checkpoint.uri={workdir / 'checkpoints'}"
         )
+
+    def command(self, index: int) -> list[str]:
+        overrides = self.overrides(self.workdir, "ab"[index])
         conf, local = RDZV_CONF, []
         if not self.addresses[index].startswith("127."):
             # a host's own address, not its name's: the agent publishes it as MASTER_ADDR, and
@@ -104,6 +106,24 @@ class TwoNodes:
             f"--rdzv-endpoint={self.addresses[0]}:{self.port}", "--rdzv-id=nodes", f"--rdzv-conf={conf}",
             *local, "-m", "trainer", "--config", "digits", "--set", overrides + self.extra,
         ]  # fmt: skip
+
+    def replay(self, workdir: Path, env: dict[str, str]) -> Path:
+        """The same job again without a fault, through the rounds this run trained: each at
+        its world size on one host (`torchrun --standalone`), stopped (`train.max_steps`) at
+        the step the next round resumed from. Its checkpoints' folder, whose final state
+        equals this run's bit for bit where every sample of every epoch was trained exactly
+        once, at the same world sizes, and nothing else differed (it needs a schedule that
+        `max_steps` does not change: `optim.schedule=constant`)."""
+        for world, stop in replay_segments(rounds(self)):
+            command = [
+                sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+                "-m", "trainer", "--config", "digits",
+                "--set", f"{self.overrides(workdir, 'r')}{self.extra},train.max_steps={stop}",
+            ]  # fmt: skip
+            done = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"the replay's round at world size {world} failed:\n{done.stderr[-3000:]}")
+        return workdir / "checkpoints"
 
     def start(self, env: dict[str, str]) -> None:
         for index in range(2):
@@ -176,6 +196,30 @@ def lost_lines(node: NodeProcess, after: float = 0.0) -> list[tuple[float, dict]
     return [(at, r) for at, r in node.records() if at > after and r.get("event") == "node_lost"]
 
 
+def rounds(job: TwoNodes) -> list[tuple[int, int]]:
+    """(world size, the step it resumed from: 0 for none) of every round rank 0 started."""
+    return [(r["world_size"], r["resumed_from_step"] or 0) for _, r in events(job, "start")]
+
+
+def replay_segments(started: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(world size, the step to stop at: 0 for the run's end) that replay `started`: a round
+    trains until the step the next surviving round resumed from; a round none of whose
+    steps survived (the next resumed from its start or before) adds nothing, and rounds at
+    one world size in a row are one segment."""
+    kept: list[tuple[int, int]] = []
+    for world, resumed in reversed(started):
+        if not kept or kept[-1][1] > resumed:
+            kept.append((world, resumed))
+    kept.reverse()
+    segments: list[tuple[int, int]] = []
+    for index, (world, _) in enumerate(kept):
+        stop = kept[index + 1][1] if index + 1 < len(kept) else 0
+        if segments and segments[-1][0] == world:
+            segments.pop()
+        segments.append((world, stop))
+    return segments
+
+
 DETECTION_BOUND_S, TRAINING_BOUND_S = 10.0, 30.0
 NODE_FAULTS = ("node-freeze", "partition", "host-freeze")
 
@@ -201,8 +245,12 @@ class NodeTrial:
     thawed: list[dict]  # the victim's `node_thawed` lines
     codes: list[int]
     complete: bool  # the run ended at its last epoch, latest.json naming its last step
-    identical: bool | None  # against the run without the fault, where one was given
-    false_alarms: int  # hangs the local watchdogs reported
+    identical: bool | None  # against the run without the fault, or its replay, where one was made
+    alarms: list[str]  # hangs the local watchdogs reported: none is the fault's
+
+    @property
+    def false_alarms(self) -> int:
+        return len(self.alarms)
 
     @property
     def lost(self) -> int | None:
@@ -241,7 +289,7 @@ class NodeTrial:
             f"trial {index}: {self.fault} after step {self.seen_step} -> {found}{again}{world}{rejoined}; "
             f"resumed from step {self.resumed_from} ({self.lost} lost); exit codes {self.codes}; "
             f"final state {final[self.identical]}"
-            + (f"; {self.false_alarms} FALSE ALARMS" if self.false_alarms else "")
+            + "".join(f"; FALSE ALARM: {alarm}" for alarm in self.alarms)
         )
 
 
@@ -303,5 +351,5 @@ def node_trial(
         and summary[-1]["steps"] == final
         and summary[-1]["epochs_completed"] == job.epochs,
         identical=None,
-        false_alarms=len(events(job, "hang")),
+        alarms=[r["message"] for _, r in events(job, "hang")],
     )

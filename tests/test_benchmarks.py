@@ -10,6 +10,7 @@ from conftest import REPO, process_env
 
 from benchmarks.gpu import GpuFigures
 from benchmarks.gpu_check import split_problems
+from benchmarks.node_trials import replay_segments
 
 
 def run_benchmark(module: str, *args: str, timeout: float = 300) -> str:
@@ -129,3 +130,16 @@ def test_gpu_check_on_a_cpu_only_host_runs_the_cpu_part_and_exits_0():
         r"^ok   2 x cpu \(gloo, bf16\): .* ms per step [\d.]+ = data [\d.]+, compute", out, re.MULTILINE
     )
     assert "no CUDA device here: ran the CPU part" in out and "FAIL" not in out
+
+
+@pytest.mark.parametrize(
+    ("rounds", "segments"),
+    [
+        ([(2, 0)], [(2, 0)]),  # no fault: one run to the end
+        ([(2, 0), (1, 60), (2, 75)], [(2, 60), (1, 75), (2, 0)]),  # lost, then back
+        ([(2, 0), (1, 60), (1, 65), (2, 80)], [(2, 60), (1, 80), (2, 0)]),  # a restart at one size
+        ([(2, 0), (1, 60), (2, 55)], [(2, 0)]),  # the world-1 round lost all it trained
+    ],
+)
+def test_a_trials_rounds_replay_as_segments_each_stopped_where_the_next_resumed(rounds, segments):
+    assert replay_segments(rounds) == segments
