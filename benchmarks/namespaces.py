@@ -26,9 +26,12 @@ import functools
 import os
 import re
 import shutil
+import signal
 import socket
 import struct
 import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -112,29 +115,57 @@ class Network:
         _ip("-n", self.switch, "link", "set", _port(host), "up")
 
 
+def _remove_orphans() -> None:
+    """Namespaces of an earlier harness whose process is gone (SIGKILLed, which runs no
+    `finally`): each is named for its maker's pid."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for name in re.findall(r"^(ddp(\d+)-\S+)", listed, re.MULTILINE):
+        if not Path(f"/proc/{name[1]}").exists():
+            subprocess.run(["ip", "netns", "del", name[0]], capture_output=True)
+
+
+@contextmanager
+def _terminated_as_exit() -> Iterator[None]:
+    """A SIGTERM meanwhile (a harness stopped by `kill`, a CI runner's timeout) raises
+    SystemExit instead of ending the process at once, so that the namespaces are removed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextmanager
 def linked_hosts(count: int, subnet: str = "10.77.0") -> Iterator[Network]:
-    """`count` hosts at SUBNET.1, SUBNET.2, ... on one switch; needs root (`ip` of iproute2)."""
+    """`count` hosts at SUBNET.1, SUBNET.2, ... on one switch; needs root (`ip` of iproute2).
+    Removed on the way out, after a SIGTERM too; an earlier harness's, SIGKILLed, first."""
+    _remove_orphans()
     tag = f"ddp{os.getpid()}"
     network = Network([f"{tag}-host{index}" for index in range(count)], f"{tag}-switch", [])
     made: list[str] = []
     try:
-        for name in (network.switch, *network.names):
-            _ip("netns", "add", name)
-            made.append(name)
-        _ip("-n", network.switch, "link", "add", "switch", "type", "bridge")
-        _ip("-n", network.switch, "link", "set", "switch", "up")
-        for index, name in enumerate(network.names):
-            address = f"{subnet}.{index + 1}"
-            # created in the switch's namespace, so that no link ever exists in the caller's
-            _ip("-n", network.switch, "link", "add", _port(index), "type", "veth", "peer", "name", "eth0")
-            _ip("-n", network.switch, "link", "set", "eth0", "netns", name)
-            _ip("-n", network.switch, "link", "set", _port(index), "master", "switch", "up")
-            _ip("-n", name, "addr", "add", f"{address}/24", "dev", "eth0")
-            _ip("-n", name, "link", "set", "eth0", "up")
-            _ip("-n", name, "link", "set", "lo", "up")
-            network.addresses.append(address)
-        yield network
+        with _terminated_as_exit():
+            for name in (network.switch, *network.names):
+                _ip("netns", "add", name)
+                made.append(name)
+            _ip("-n", network.switch, "link", "add", "switch", "type", "bridge")
+            _ip("-n", network.switch, "link", "set", "switch", "up")
+            for index, name in enumerate(network.names):
+                address = f"{subnet}.{index + 1}"
+                # created in the switch's namespace, so that no link ever exists in the caller's
+                _ip("-n", network.switch, "link", "add", _port(index), "type", "veth", "peer", "name", "eth0")
+                _ip("-n", network.switch, "link", "set", "eth0", "netns", name)
+                _ip("-n", network.switch, "link", "set", _port(index), "master", "switch", "up")
+                _ip("-n", name, "addr", "add", f"{address}/24", "dev", "eth0")
+                _ip("-n", name, "link", "set", "eth0", "up")
+                _ip("-n", name, "link", "set", "lo", "up")
+                network.addresses.append(address)
+            yield network
     finally:
         for name in reversed(made):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
