@@ -48,6 +48,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -62,7 +63,7 @@ import torch
 
 from benchmarks.metrics import free_port
 from benchmarks.namespaces import linked_hosts
-from benchmarks.node_trials import NODE_FAULTS, NodeTrial, TwoNodes, node_trial
+from benchmarks.node_trials import NODE_FAULTS, NodeTrial, TwoNodes, node_trial, rounds
 from benchmarks.pod_trials import freeze_trial, reference_job_state
 from trainer.distributed.forkserver import SWITCH_ENV, listening
 from trainer.distributed.launch import RDZV_ENV, signal_tree
@@ -284,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--snapshot-every", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=60, help="kill and stop trials' run length")
     parser.add_argument("--fork-server", choices=("on", "off"), default="on")
+    parser.add_argument("--keep", type=Path, help="node trials: copy a failed trial's files and logs here")
     args = parser.parse_args(argv)
     if args.fault in NODE_FAULTS:
         return node_trials(args)
@@ -363,6 +365,12 @@ def node_trials(args: argparse.Namespace) -> int:
                 same = same_state(final_state(trial_dir / "checkpoints"), expected)
                 trial = dataclasses.replace(trial, identical=same)
             print(trial.describe(index), flush=True)
+            if args.keep and not trial.passed(args.snapshot_every):
+                kept = keep_trial(job, trial_dir, args.keep / f"{args.fault}-{index}")
+                print(
+                    f"  rounds (world size, resumed from) {rounds(job)}; its files are kept in {kept}",
+                    flush=True,
+                )
             trials.append(trial)
     found = [t.found_s for t in trials if t.found_s is not None]
     again = [t.training_s for t in trials if t.training_s is not None]
@@ -375,6 +383,14 @@ def node_trials(args: argparse.Namespace) -> int:
         line += f"; training again after median {statistics.median(again):.1f}s, max {max(again):.1f}s"
     print(line + f"; {passed}/{len(trials)} within the bounds")
     return 0 if passed == len(trials) else 1
+
+
+def keep_trial(job: TwoNodes, trial_dir: Path, destination: Path) -> Path:
+    """A failed trial's folder (checkpoints, snapshots, replay) and each node's output."""
+    for node in job.nodes:
+        (trial_dir / f"node-{node.name}.log").write_text(node.text())
+    shutil.copytree(trial_dir, destination, dirs_exist_ok=True)
+    return destination
 
 
 def summary(trials: list[Trial], bound: int, seconds: float) -> str:

@@ -20,9 +20,9 @@ class RecordingStore(LocalStore):
         super().__init__(root)
         self.calls = []
 
-    def publish(self, step, staging, order):
-        self.calls.append(("publish", step, order, sorted(p.name for p in staging.iterdir())))
-        super().publish(step, staging, order)
+    def publish(self, step, staging, order, expected, progress=lambda done: None):
+        self.calls.append(("publish", step, order, sorted(p.name for p in staging.iterdir()), expected))
+        super().publish(step, staging, order, expected, progress)
 
     def put(self, name, data):
         self.calls.append(("put", name))
@@ -45,9 +45,9 @@ def test_checkpoint_then_manifest_then_latest(tmp_path):
     store.prepare()
     Checkpointer(store, keep_last=0, cache=tmp_path / "cache").save(state(1), step=10, epoch=0, world_size=2)
     staged = ["checkpoint.pt", "manifest.json"]
-    assert store.calls == [("publish", 10, staged, staged), ("put", "latest.json")]
+    assert store.calls == [("publish", 10, staged, staged, None), ("put", "latest.json")]  # a new step
     manifest = json.loads((tmp_path / "step-10" / "manifest.json").read_text())
-    assert {"sha256", "bytes", "step", "epoch", "world_size", "created_at"} <= set(manifest)
+    assert {"sha256", "bytes", "step", "epoch", "world_size", "created_at", "lease_epoch"} <= set(manifest)
     assert manifest["bytes"] == (tmp_path / "step-10" / "checkpoint.pt").stat().st_size
     assert json.loads((tmp_path / "latest.json").read_text())["step"] == 10
 

@@ -22,7 +22,7 @@ from conftest import process_env, s3_env, torchrun_command
 from trainer.checkpoint import Checkpointer
 from trainer.checkpoint.lease import LEASE_FILE, Lease, LeaseLost
 from trainer.checkpoint.location import open_store
-from trainer.checkpoint.store import LocalStore
+from trainer.checkpoint.store import LocalStore, StaleWrite
 from trainer.checkpoint.writing import AttemptFailed, PublishFailed, SaveRequest, SaveWork
 from trainer.config import CheckpointConfig, ConfigError
 
@@ -74,16 +74,107 @@ def test_the_same_job_takes_its_lease_back_and_fences_out_the_old_attempt(store)
     assert holder(store)["token"] == new.fence.token
     assert new.renew()
     new.release()
-    assert store.get(LEASE_FILE) is None
+    released = holder(store)
+    assert (
+        released["released_at"] >= released["heartbeat_at"] - 1 and released["epoch"] == new.fence.epoch == 1
+    )
+    Lease(store, "job-b", "run-b", interval_s=10).acquire()  # released: free for the next job, at once
+    assert (
+        holder(store)["job"] == "job-b" and holder(store)["epoch"] == 2 and holder(store)["superseded"] == []
+    )
+
+
+def stale(store, job: str, epoch: int = 1) -> None:
+    """A lease whose owner stopped renewing 31 s ago (3 intervals of 10 s and a second)."""
+    dead = {"token": "t", "job": job, "pod": "p", "host": "h", "pid": 1, "interval_s": 10, "epoch": epoch}
+    store.put_if(LEASE_FILE, json.dumps({**dead, "heartbeat_at": time.time() - 31}).encode(), None)
+
+
+def test_a_job_whose_stale_lease_was_taken_over_is_refused_even_after_the_new_owner_released_it(store):
+    stale(store, "job-a", epoch=4)
+    owner = Lease(store, "job-b", "run-b", interval_s=10)
+    owner.acquire()
+    assert owner.fence.epoch == 5 and holder(store)["superseded"] == ["job-a"]
+    owner.release()
+    for _attempt in range(2):  # its torchrun's restart, its re-created pod: the same job id
+        with pytest.raises(ConfigError) as refused:
+            Lease(store, "job-a", "run-a", interval_s=10).acquire()
+        assert (
+            "job job-a was superseded here (another job took over its stale lease, now at epoch 5, "
+            in str(refused.value)
+        )
+        assert "released by job job-b" in str(refused.value) and "a new install is a new job" in str(
+            refused.value
+        )
+    fresh = Lease(store, "job-c", "run-c", interval_s=10)  # a new install on purpose
+    fresh.acquire()
+    assert fresh.fence.epoch == 6 and holder(store)["superseded"] == ["job-a"]  # remembered on
 
 
 def test_a_lease_whose_owner_died_is_taken_over_with_a_warning(store, caplog):
-    dead = {"token": "t", "job": "job-a", "pod": "p", "host": "h", "pid": 1, "interval_s": 10}
-    store.put_if(LEASE_FILE, json.dumps({**dead, "heartbeat_at": time.time() - 31}).encode(), None)
+    stale(store, "job-a")
     with caplog.at_level("WARNING", logger="trainer.checkpoint"):
         Lease(store, "job-b", "run-b", interval_s=10).acquire()
     assert holder(store)["job"] == "job-b"
     assert "took over the checkpoint lease" in caplog.text and "its owner died" in caplog.text
+    assert "that job may write here no more (lease epoch 2)" in caplog.text
+
+
+def test_the_store_refuses_a_superseded_runs_late_write_of_latest_json(store, tmp_path):
+    """Job A commits step 10, then stops (paused, cut off) with its next latest.json write
+    in flight; job B takes the stale lease over and fences latest.json. A's write, made
+    against the version A last wrote, is refused by the store itself: no check of A's own
+    could stop a request already sent."""
+    a = Lease(store, "job-a", "run-a", interval_s=10)
+    a.acquire()
+    writer_a = Checkpointer(store, keep_last=3, cache=tmp_path / "a", fence=a.fence)
+    writer_a.save({"model": {}}, step=10, epoch=0, world_size=1)
+    stale_version = writer_a.latest_version
+    document = json.loads(store.get(LEASE_FILE))
+    store.put(LEASE_FILE, json.dumps({**document, "heartbeat_at": time.time() - 31}).encode())
+    b = Lease(store, "job-b", "run-b", interval_s=10)
+    b.acquire()
+    writer_b = Checkpointer(store, keep_last=3, cache=tmp_path / "b", fence=b.fence)
+    writer_b.fence_latest()
+    assert json.loads(store.get("latest.json")) == {"step": 10, "path": "step-10", "lease_epoch": 2}
+    late = b'{"step": 12, "path": "step-12", "lease_epoch": 1}'
+    assert store.put_if("latest.json", late, stale_version) is None  # A's request, as it arrives
+    assert json.loads(store.get("latest.json"))["step"] == 10
+    writer_b.save({"model": {}}, step=20, epoch=0, world_size=1)
+    assert json.loads(store.get("latest.json")) == {"step": 20, "path": "step-20", "lease_epoch": 2}
+
+
+def test_a_superseded_runs_late_step_is_never_resumed_from(tmp_path, caplog):
+    """A step newer than latest.json's, written under an older lease epoch, is a superseded
+    run's late write: a resume skips it in a warning and takes the owner's newest."""
+    store = LocalStore(tmp_path / "checkpoints")
+    old, new = Lease(store, "job-a", "r", 10), Lease(store, "job-b", "r", 10)
+    old.acquire()
+    Checkpointer(store, 3, tmp_path / "c", fence=old.fence).save(
+        {"model": {}}, step=50, epoch=0, world_size=1
+    )
+    new.store.put(LEASE_FILE, store.get(LEASE_FILE).replace(b'"heartbeat_at": ', b'"heartbeat_at": -9'))
+    new.acquire()
+    owner = Checkpointer(store, 3, tmp_path / "c", fence=new.fence)
+    owner.save({"model": {}}, step=30, epoch=0, world_size=1)  # B resumed earlier, and trains on
+    with caplog.at_level("WARNING", logger="trainer.checkpoint"):
+        assert Checkpointer(store, 3, tmp_path / "d").find_resumable() == 30
+    assert (
+        "checkpoint step 50 in" in caplog.text and "superseded run's late write (lease epoch 1" in caplog.text
+    )
+
+
+def test_a_step_replaced_since_it_was_read_is_neither_overwritten_nor_deleted(store, tmp_path):
+    """A step's manifest is written and deleted only at the version read before the lease
+    check: a pause between the two (or a writer that came between) is refused."""
+    writer = Checkpointer(store, keep_last=1, cache=tmp_path / "cache")
+    staging = writer.stage({"model": {}}, step=7, epoch=0, world_size=1)
+    writer.save({"model": {}}, step=7, epoch=0, world_size=1)  # someone else published step 7 meanwhile
+    with pytest.raises(StaleWrite):
+        store.publish(7, staging, ["checkpoint.pt", "manifest.json"], None)
+    manifest = store.get_versioned("step-7/manifest.json")
+    store.put_if("step-7/manifest.json", manifest[0] + b" ", manifest[1])  # replaced
+    assert not store.delete_step(7, manifest[1]) and store.steps() == [7]
 
 
 def test_a_commit_without_the_lease_publishes_nothing(tmp_path):

@@ -223,10 +223,14 @@ def prepare(config: Config, context: DistContext, stop: StopSignal) -> Prepared:
         try:
             checkpointer.store.clean_staging(checkpointer.cache)
             refuse_overwrite(config, checkpointer)
+            if (
+                prepared.lease is not None
+            ):  # a superseded run's late write of latest.json is refused from now on
+                checkpointer.fence_latest()
             prepared.lineage = checkpointer.lineage(fresh=not config.checkpoint.resume)
         except BaseException:
             if prepared.lease is not None:
-                prepared.lease.release()
+                prepared.lease.give_back()  # refused before writing: the lease as it was found
             raise
     return prepared
 

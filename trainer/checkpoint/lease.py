@@ -10,9 +10,16 @@ directory), and renews it every `lease_s`:
   `TRAINER_JOB_ID`, or torchrun's run id): taken back at once;
 - held by another job whose heartbeat is older than `STALE_INTERVALS` of its interval, or
   whose process on this very host is gone: its owner died; taken over, with a warning;
-- held by another live job: refused, one line naming the owner (exit 2).
+- held by another live job: refused, one line naming the owner (exit 2);
+- released (its last run ended and let go): taken.
+Each holder's lease carries an epoch that rises whenever another job takes it, and the
+jobs whose stale lease was taken over stay listed as `superseded`, also once the new owner
+has released it: a superseded job's torchrun restarts, re-rendezvous and re-created pods
+are refused (exit 2), and it writes nothing more there. A new install is a new job
+(`TRAINER_JOB_ID`, which the chart makes unique per install), which may take the location.
 Every publish of a step and of `latest.json` is fenced: the commit reads the lease first
-and refuses when it is no longer this run's (`LeaseFence`). A renewal that finds another
+and refuses when it is no longer this run's (`LeaseFence`), and the store itself refuses a
+write made against an older version (`Checkpointer.commit`). A renewal that finds another
 owner stops the run (`on_lost`).
 """
 
@@ -36,6 +43,7 @@ from trainer.config import ConfigError
 
 LEASE_FILE = "lease.json"
 STALE_INTERVALS = 3
+SUPERSEDED_KEPT = 32  # the newest superseded jobs a lease remembers
 JOB_ID_ENV = "TRAINER_JOB_ID"  # set by the chart: the job, whichever pod or attempt runs it
 log = logging.getLogger("trainer.checkpoint")
 
@@ -60,9 +68,11 @@ def describe(holder: dict[str, Any], now: float) -> str:
 
 @dataclass(frozen=True)
 class LeaseFence:
-    """What a commit checks, in whichever process commits: the lease still holds `token`."""
+    """What a commit checks, in whichever process commits: the lease still holds `token`;
+    and the lease's `epoch`, which every manifest and `latest.json` this run writes carry."""
 
     token: str
+    epoch: int = 0
 
     def holder(self, store: CheckpointStore) -> tuple[dict[str, Any] | None, str | None, bool]:
         """The lease's holder now, its version, and whether it is this run."""
@@ -85,7 +95,8 @@ class Lease:
     def __init__(self, store: CheckpointStore, job: str, run_id: str, interval_s: float) -> None:
         self.store, self.interval_s = store, interval_s
         self.fence = LeaseFence(uuid.uuid4().hex)
-        self.holder = {
+        self.superseded: list[str] = []  # jobs that held this location before and were taken over
+        self.holder: dict[str, Any] = {
             "token": self.fence.token,
             "job": job,
             "pod": os.environ.get("HOSTNAME") or socket.gethostname(),
@@ -96,39 +107,74 @@ class Lease:
         }
         self.version: str | None = None
         self.lost_to: str | None = None
+        self._found: bytes | None = None  # the lease as acquire found it, for `give_back`
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _document(self) -> bytes:
-        return json.dumps({**self.holder, "heartbeat_at": time.time()}, indent=2).encode() + b"\n"
+    def _document(self, **released: Any) -> bytes:
+        document = {
+            **self.holder,
+            "epoch": self.fence.epoch,
+            "superseded": self.superseded,
+            "heartbeat_at": time.time(),
+            **released,
+        }
+        return json.dumps(document, indent=2).encode() + b"\n"
 
     def acquire(self) -> None:
-        """Take the lease, or raise ConfigError naming its live owner."""
+        """Take the lease, or raise ConfigError naming its live owner, or saying that this
+        job was superseded here."""
         for _ in range(5):  # each lost race re-reads what won it
             current = self.store.get_versioned(LEASE_FILE)
-            if current is None:
-                if self._write(None):
-                    return
-                continue
-            holder = _parse(current[0])
-            if self._refuse_live_owner(holder):
-                log.warning("took over the checkpoint lease of %s: its owner died (%s)", self.store.uri,
-                            describe(holder, time.time()))  # fmt: skip
-            if self._write(current[1]):
+            holder = None if current is None else _parse(current[0])
+            self._refuse_superseded(holder)
+            taken_over = self._refuse_live_owner(holder)
+            ours = holder is not None and holder.get("job") == self.holder["job"]
+            epoch = int((holder or {}).get("epoch", 0))
+            self.fence = LeaseFence(self.fence.token, epoch if ours else epoch + 1)
+            self.superseded = list((holder or {}).get("superseded", []))
+            if taken_over:
+                self.superseded = [*self.superseded, holder.get("job")][-SUPERSEDED_KEPT:]
+            if self._write(None if current is None else current[1]):
+                self._found = None if current is None else current[0]
+                if taken_over:
+                    log.warning(
+                        "took over the checkpoint lease of %s: its owner died (%s); that job may write "
+                        "here no more (lease epoch %d)",
+                        self.store.uri, describe(holder, time.time()), self.fence.epoch,
+                    )  # fmt: skip
                 return
         raise ConfigError("checkpoint.uri", self.store.uri, "its lease changed hands 5 times as it was taken")
 
     def refuse_if_taken(self) -> None:
-        """Raise ConfigError naming the live owner if another job holds the lease now: the
-        quick refusal, before this run waits for anything (`acquire` checks again)."""
+        """Raise ConfigError naming the live owner if another job holds the lease now, or if
+        this job was superseded here: the quick refusal, before this run waits for anything
+        (`acquire` checks again)."""
         current = self.store.get_versioned(LEASE_FILE)
         if current is not None:
-            self._refuse_live_owner(_parse(current[0]))
+            holder = _parse(current[0])
+            self._refuse_superseded(holder)
+            self._refuse_live_owner(holder)
+
+    def _refuse_superseded(self, holder: dict[str, Any] | None) -> None:
+        """A job whose stale lease another took over never writes here again: its restarts,
+        its re-created pods and a process of it that thaws late are refused (exit 2)."""
+        if holder is None or self.holder["job"] not in holder.get("superseded", []):
+            return
+        now_held = "released by" if holder.get("released_at") else "held by"
+        raise ConfigError(
+            "checkpoint.uri",
+            self.store.uri,
+            f"job {self.holder['job']} was superseded here (another job took over its stale lease, now at "
+            f"epoch {holder.get('epoch', 0)}, {now_held} {describe(holder, time.time())}): a superseded job "
+            "writes nothing more here; a new install is a new job and may take it, or use another "
+            "checkpoint.uri",
+        )
 
     def _refuse_live_owner(self, holder: dict[str, Any] | None) -> bool:
         """Raise ConfigError if `holder` is another job that is alive; True if it is another
         job that died (its lease may be taken over)."""
-        if holder is None or holder.get("job") == self.holder["job"]:
+        if holder is None or holder.get("job") == self.holder["job"] or holder.get("released_at"):
             return False
         now = time.time()
         age = now - float(holder.get("heartbeat_at", 0))
@@ -153,7 +199,8 @@ class Lease:
             return False
 
     def _write(self, version: str | None) -> bool:
-        """A conditional write of a fresh heartbeat; its version kept for the next one."""
+        """A conditional write of a fresh heartbeat (and this holder's epoch and list of
+        superseded jobs); its version kept for the next one."""
         written = self.store.put_if(LEASE_FILE, self._document(), version)
         if written is not None:
             self.version = written
@@ -189,15 +236,32 @@ class Lease:
         self.lost_to = describe(holder, time.time()) if holder else "nobody (it was removed)"
         return False
 
-    def release(self) -> None:
-        """Stop renewing and remove the lease if it is still ours, so that the next run
-        need not wait for it to go stale."""
+    def give_back(self) -> None:
+        """Put the lease back as `acquire` found it (a run refused before it wrote anything
+        leaves the location as it was)."""
+        self._stop_renewing()
+        if self.version is None or self.lost_to is not None:
+            return
+        try:
+            if self._found is None:
+                self.store.delete_if(LEASE_FILE, self.version)
+            else:
+                self.store.put_if(LEASE_FILE, self._found, self.version)
+        except Exception as error:  # it goes stale instead
+            log.warning("giving back the checkpoint lease of %s failed: %s", self.store.uri, error)
+
+    def _stop_renewing(self) -> None:
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+
+    def release(self) -> None:
+        """Stop renewing and mark the lease released if it is still ours, so that the next
+        run need not wait for it to go stale; its epoch and the superseded jobs stay."""
+        self._stop_renewing()
         if self.version is not None and self.lost_to is None:
             try:
-                self.store.delete_if(LEASE_FILE, self.version)
+                self.store.put_if(LEASE_FILE, self._document(released_at=time.time()), self.version)
             except Exception as error:  # it goes stale instead
                 log.warning("releasing the checkpoint lease of %s failed: %s", self.store.uri, error)
 

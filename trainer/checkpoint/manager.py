@@ -14,25 +14,47 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
 from trainer.checkpoint.lease import LeaseFence
-from trainer.checkpoint.store import CheckpointStore
+from trainer.checkpoint.store import CheckpointStore, StaleWrite
 from trainer.config import ConfigError
 
 CHECKPOINT_FILE, MANIFEST_FILE, LATEST_FILE = "checkpoint.pt", "manifest.json", "latest.json"
 LINEAGE_FILE = "lineage.json"
 FORMAT_VERSION = 1
+_UNREAD = object()
 log = logging.getLogger("trainer.checkpoint")
 
 
 class CheckpointError(ConfigError):
     """A checkpoint that exists but cannot be used for this run."""
+
+
+BytesDone = Callable[[str, int, int], None]  # phase, bytes done, bytes in all
+
+
+class _CountingFile:
+    """A file being written that reports how many bytes went in (torch.save accepts any
+    object with write and flush): a long serialization is progress, not silence."""
+
+    def __init__(self, handle: BinaryIO, report: Callable[[int], None]) -> None:
+        self.handle, self.report, self.written = handle, report, 0
+
+    def write(self, data: bytes) -> int:
+        written = self.handle.write(data)
+        self.written += written
+        self.report(self.written)
+        return written
+
+    def flush(self) -> None:
+        self.handle.flush()
 
 
 @dataclass(frozen=True)
@@ -54,24 +76,50 @@ class Checkpointer:
     def __init__(
         self, store: CheckpointStore, keep_last: int, cache: Path, fence: LeaseFence | None = None
     ) -> None:
-        """`fence`, on the rank that holds the location's lease, is checked before every publish."""
+        """`fence`, on the rank that holds the location's lease, is checked before every
+        publish, and its epoch goes into every manifest and `latest.json`."""
         self.store = store
         self.keep_last = keep_last
         self.cache = cache
         self.fence = fence
         self.protected: set[int] = set()
+        self.progress: BytesDone = lambda phase, done, total: None  # the writer's watch listens
+        # `latest.json`'s version as this run last wrote or read it (read before the first write)
+        self.latest_version: str | object | None = _UNREAD
         self._loaded: tuple[int, dict[str, Any]] | None = None
 
-    def committed_step(self) -> int | None:
-        """The step `latest.json` names, unverified; None when it is absent or unreadable."""
-        raw = self.store.get(LATEST_FILE)
-        if raw is None:
+    @property
+    def epoch(self) -> int:
+        return 0 if self.fence is None else self.fence.epoch
+
+    def latest(self) -> dict[str, Any] | None:
+        """`latest.json` as it is now (its version kept for this run's next conditional
+        write of it); None when absent or unreadable."""
+        current = self.store.get_versioned(LATEST_FILE)
+        self.latest_version = None if current is None else current[1]
+        if current is None:
             return None
         try:
-            return int(json.loads(raw)["step"])
+            document = json.loads(current[0])
+            int(document["step"])
+            return document
         except (ValueError, KeyError, TypeError):
             log.warning("%s/%s is unreadable; looking for steps in the store", self.store.uri, LATEST_FILE)
             return None
+
+    def committed_step(self) -> int | None:
+        """The step `latest.json` names, unverified; None when it is absent or unreadable."""
+        latest = self.latest()
+        return None if latest is None else int(latest["step"])
+
+    def fence_latest(self) -> None:
+        """Rewrite `latest.json` (same step, this run's epoch) against the version read just
+        now: from here on, a write that a superseded run made against an older version is
+        refused by the store (412, or the local compare-and-swap)."""
+        latest = self.latest()
+        if latest is None or latest.get("lease_epoch") == self.epoch:
+            return
+        self._write_latest({**latest, "lease_epoch": self.epoch})
 
     def find_resumable(self, newer_than: int | None = None) -> int | None:
         """The newest intact step in the store: manifest parsed, sha256 verified, loadable.
@@ -86,10 +134,13 @@ class Checkpointer:
         intact is no error."""
         every = sorted(self.store.steps(), reverse=True)
         steps = every if newer_than is None else [step for step in every if step > newer_than]
-        committed = self.committed_step()
+        latest = self.latest()
+        committed = None if latest is None else int(latest["step"])
         if committed is not None and committed not in every:
             log.warning("%s/%s names step %d, which is not there", self.store.uri, LATEST_FILE, committed)
         for step in steps:
+            if latest is not None and self._superseded_write(step, latest):
+                continue
             if self.fetch_verified(step) and self._loads(step):
                 if committed is not None and step != committed:
                     log.warning(
@@ -105,6 +156,24 @@ class Checkpointer:
                 "refusing to train from step 0 over them: move them aside or choose another checkpoint.uri",
             )
         return None
+
+    def _superseded_write(self, step: int, latest: dict[str, Any]) -> bool:
+        """Whether `step` is a late write of a run superseded since: newer than the step
+        `latest.json` names, from an older lease epoch than the one that wrote it."""
+        if step <= int(latest["step"]):
+            return False
+        try:
+            manifest = json.loads(self.store.get(f"step-{step}/{MANIFEST_FILE}") or b"{}")
+            epoch, newest = int(manifest.get("lease_epoch", 0)), int(latest.get("lease_epoch", 0))
+        except (ValueError, TypeError, AttributeError):
+            return False
+        if epoch >= newest:
+            return False
+        log.warning(
+            "checkpoint step %d in %s is a superseded run's late write (lease epoch %d, %s's %d); skipped",
+            step, self.store.uri, epoch, LATEST_FILE, newest,
+        )  # fmt: skip
+        return True
 
     def fetch_verified(self, step: int) -> bool:
         """Bring step's checkpoint to a local file and check it against its manifest."""
@@ -173,21 +242,26 @@ class Checkpointer:
         staging = self.store.staging(step, self.cache)
         try:
             checkpoint = staging / CHECKPOINT_FILE
-            torch.save({"format": FORMAT_VERSION, **state}, checkpoint)
+            with open(checkpoint, "wb") as handle:
+                torch.save({"format": FORMAT_VERSION, **state}, _CountingFile(handle, self._staged_bytes))
             size = checkpoint.stat().st_size
             manifest = {
                 "step": step,
                 "epoch": epoch,
                 "world_size": world_size,
-                "sha256": _sha256_file(checkpoint),
+                "sha256": _sha256_file(checkpoint, lambda done: self.progress("hash", done, size)),
                 "bytes": size,
                 "created_at": datetime.now(timezone.utc).isoformat(),
+                "lease_epoch": self.epoch,
             }
             (staging / MANIFEST_FILE).write_bytes(_json(manifest))
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return staging
+
+    def _staged_bytes(self, done: int) -> None:
+        self.progress("serialize", done, 0)
 
     def adopt(self, step: int, staged: Path) -> Path:
         """A staging folder of this store holding the files of `staged` (another store's, or
@@ -202,19 +276,45 @@ class Checkpointer:
 
     def commit(self, step: int, staging: Path, started: float | None = None) -> SavedCheckpoint:
         """Publish a staged step, then name it in `latest.json` (read back), then apply
-        retention; the staging folder is consumed. Each of the two publishes is fenced by
-        the lease: a run that lost it writes over nothing of the new owner's."""
+        retention; the staging folder is consumed. Each write that names a step is
+        conditional in the store, on what this run saw before it checked the lease: the
+        step's manifest on its version read first (absent for a new step), `latest.json` on
+        the version this run last wrote or read. So a run that lost the lease, or paused
+        between its check and its write, is refused by the store, not only by its own check."""
         started = time.perf_counter() if started is None else started
         size = (staging / CHECKPOINT_FILE).stat().st_size
+        current = self.store.get_versioned(f"step-{step}/{MANIFEST_FILE}")
         self._check_fence(staging)
-        self.store.publish(step, staging, [CHECKPOINT_FILE, MANIFEST_FILE])
-        pointer = _json({"step": step, "path": f"step-{step}"})
+        self.store.publish(
+            step, staging, [CHECKPOINT_FILE, MANIFEST_FILE], current and current[1],
+            lambda done: self.progress("upload", done, size),
+        )  # fmt: skip
         self._check_fence()
-        self.store.put(LATEST_FILE, pointer)
-        if self.store.get(LATEST_FILE) != pointer:  # read back: a store may acknowledge and lose it
-            raise OSError(f"{self.store.uri}/{LATEST_FILE} does not read back as written")
+        self._write_latest({"step": step, "path": f"step-{step}", "lease_epoch": self.epoch})
         self._apply_retention(step)
         return SavedCheckpoint(step, self.store.location(step), size, time.perf_counter() - started)
+
+    def _write_latest(self, document: dict[str, Any]) -> None:
+        """`latest.json`, conditional on the version this run last wrote or read; read back
+        (a store may acknowledge and lose it). A refusal while the lease is still ours was
+        a superseded run's late write landing first: it is replaced, once, in a warning."""
+        pointer = _json(document)
+        if self.latest_version is _UNREAD:
+            self.latest()
+        version = self.store.put_if(LATEST_FILE, pointer, self.latest_version)
+        if version is None:
+            self._check_fence()
+            found = self.latest()
+            log.warning(
+                "%s/%s changed under this run (now step %s): a superseded run's late write; replacing it",
+                self.store.uri, LATEST_FILE, found and found.get("step"),
+            )  # fmt: skip
+            version = self.store.put_if(LATEST_FILE, pointer, self.latest_version)
+            if version is None:
+                raise StaleWrite(f"{self.store.uri}/{LATEST_FILE} keeps changing under this run")
+        self.latest_version = version
+        if self.store.get(LATEST_FILE) != pointer:
+            raise OSError(f"{self.store.uri}/{LATEST_FILE} does not read back as written")
 
     def _check_fence(self, staging: Path | None = None) -> None:
         if self.fence is None:
@@ -250,21 +350,33 @@ class Checkpointer:
         return lineage
 
     def _apply_retention(self, latest: int) -> None:
-        """Keep the newest `keep_last` steps, the latest one and any this run resumed from."""
+        """Keep the newest `keep_last` steps, the latest one and any this run resumed from.
+        Each removal is conditional on the step's manifest as read before the lease check:
+        a step another writer replaced since is left alone."""
         if self.keep_last == 0:
             return
         older = [s for s in self.store.steps() if s <= latest]
         keep = set(older[-self.keep_last :]) | {latest} | self.protected
-        for step in older:
-            if step not in keep:
-                self.store.delete_step(step)
+        doomed = {
+            step: self.store.get_versioned(f"step-{step}/{MANIFEST_FILE}")
+            for step in older
+            if step not in keep
+        }
+        if not doomed:
+            return
+        self._check_fence()
+        for step, current in doomed.items():
+            self.store.delete_step(step, current[1] if current else None)
 
 
-def _sha256_file(path: Path) -> str:
+def _sha256_file(path: Path, report: Callable[[int], None] = lambda done: None) -> str:
     digest = hashlib.sha256()
+    done = 0
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(2**22), b""):
             digest.update(block)
+            done += len(block)
+            report(done)
     return digest.hexdigest()
 
 

@@ -68,6 +68,7 @@ class CheckpointPolicy:
         self.snapshots: SnapshotDir | None = None
         self.last_durable_step: int | None = None
         self.last_save_step = 0  # the last save's, durable or snapshot only (0: none this run)
+        self._waited_s = 0.0  # the writer's wait_seconds_total at the last interval proposal
         self.writer = CheckpointWriter(
             checkpointer if context.is_main else None,
             config,
@@ -179,9 +180,12 @@ class CheckpointPolicy:
         save pauses, its writer's time per snapshot and the step time (sent to every rank in
         the progress gather, so that all switch at the same step)."""
         stats = self.stats
+        waited_s, self._waited_s = stats.wait_seconds_total - self._waited_s, stats.wait_seconds_total
         if not (self.pacer and window.saves and window.timed_steps and stats.last_snapshot_seconds):
             return self.snapshot_every
-        pause_s = window.seconds[CHECKPOINT] / window.saves
+        # a snapshot's cost is its pause: time spent waiting for a writer that had not taken the
+        # state before is the writer's slowness (a skipped save's included), not what it costs
+        pause_s = max(0.0, window.seconds[CHECKPOINT] - waited_s) / window.saves
         step_s = (sum(window.seconds) - window.seconds[CHECKPOINT]) / window.timed_steps
         return self.pacer.propose(self.snapshot_every, pause_s, stats.last_snapshot_seconds, step_s)
 

@@ -10,6 +10,7 @@ import io
 import re
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -17,7 +18,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
 from trainer.aws import error_code, s3_client
-from trainer.checkpoint.store import CheckpointStore
+from trainer.checkpoint.store import CheckpointStore, StaleWrite
 from trainer.config import ConfigError
 
 _STEP_PREFIX = re.compile(r"step-(\d+)/$")
@@ -82,17 +83,47 @@ class S3Store(CheckpointStore):
         folder.mkdir(parents=True)
         return folder
 
-    def publish(self, step: int, staging: Path, order: list[str]) -> None:
-        """Upload from disk (parallel part reads), checking each object's size afterwards."""
+    def publish(
+        self,
+        step: int,
+        staging: Path,
+        order: list[str],
+        expected: str | None,
+        progress: Callable[[int], None] = lambda done: None,
+    ) -> None:
+        """Upload from disk (parallel part reads), checking each object's size afterwards;
+        the last, small file (the manifest, which names the step) goes up with If-None-Match
+        or If-Match, so that S3 refuses it where another writer came between. Its progress
+        is the bytes on the wire, which the writer process counts itself (boto3's own
+        callback fires per 256 KiB read, ahead of the network: writer_process.py)."""
         try:
-            for name in order:
+            for name in order[:-1]:
                 path, key = staging / name, self._key(f"step-{step}/{name}")
                 self.client.upload_file(
                     str(path), self.bucket, key, ExtraArgs=self.checksum, Config=self.transfer
                 )
                 self._check_size(key, path.stat().st_size)
+            naming = order[-1]
+            data = (staging / naming).read_bytes()
+            if self.put_if(f"step-{step}/{naming}", data, expected) is None:
+                raise StaleWrite(
+                    f"s3://{self.bucket}/{self._key(f'step-{step}/{naming}')} changed under this write"
+                )
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    def abort_uploads(self, step: int) -> int:
+        """Abort the multipart uploads left open under `step-<N>/` (a writer stopped mid-upload
+        leaves its parts billed and invisible); how many there were."""
+        prefix, aborted = self._key(f"step-{step}/"), 0
+        paginator = self.client.get_paginator("list_multipart_uploads")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+            for upload in page.get("Uploads", []):
+                self.client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                )
+                aborted += 1
+        return aborted
 
     def _check_size(self, key: str, expected: int) -> None:
         """A cheap read-back, so that even a server that skips checksum checks cannot leave a
@@ -179,12 +210,15 @@ class S3Store(CheckpointStore):
                     found.append(int(match[1]))
         return sorted(found)
 
-    def delete_step(self, step: int) -> None:
+    def delete_step(self, step: int, version: str | None = None) -> bool:
+        if version is not None and not self.delete_if(f"step-{step}/manifest.json", version):
+            return False
         paginator = self.client.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(f"step-{step}/")):
             keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
             if keys:
                 self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True})
+        return True
 
     def location(self, step: int) -> str:
         return f"s3://{self.bucket}/{self._key(f'step-{step}')}"

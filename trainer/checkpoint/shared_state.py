@@ -109,6 +109,15 @@ class SharedStateBuffer:
         torch._foreach_copy_(self._views, [tensor.reshape(-1) for tensor in tensors])
         return SharedState(str(self.path), self._size, self._slots, skeleton)
 
+    def rehome(self, shared: SharedState) -> SharedState:
+        """The last state filled, in a new file: a writer maps the file and removes its name,
+        so the writer that replaces a stuck one could not open the old one. This process
+        still maps the old file's bytes, and copies them over."""
+        old_views, layout = self._views, self._layout
+        self._allocate(layout)
+        torch._foreach_copy_(self._views, old_views)
+        return SharedState(str(self.path), self._size, self._slots, shared.skeleton)
+
     def _allocate(self, layout: tuple[tuple[torch.dtype, tuple[int, ...]], ...]) -> None:
         self.close()
         remove_orphans(self.folder)

@@ -52,6 +52,10 @@ class SnapshotDir:
         self.lineage = lineage
         self._reached: mmap.mmap | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a writer process gets: the folder, not this process's mapped counter."""
+        return {**self.__dict__, "_reached": None}
+
     def checkpointer(self) -> Checkpointer:
         """The snapshots as a store: published like checkpoints, the two newest kept."""
         return Checkpointer(LocalStore(self.folder), keep_last=KEEP, cache=self.folder)

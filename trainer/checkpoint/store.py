@@ -13,13 +13,18 @@ import re
 import shutil
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from trainer.config import ConfigError
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class StaleWrite(OSError):
+    """The store refused a write made against what this run last saw there: another writer
+    came between (a conditional write's 412, or the local store's compare-and-swap)."""
 
 
 class CheckpointStore(ABC):
@@ -42,9 +47,18 @@ class CheckpointStore(ABC):
         `scratch`, the node-local cache, for it)."""
 
     @abstractmethod
-    def publish(self, step: int, staging: Path, order: list[str]) -> None:
+    def publish(
+        self,
+        step: int,
+        staging: Path,
+        order: list[str],
+        expected: str | None,
+        progress: Callable[[int], None] = lambda done: None,
+    ) -> None:
         """Make the staged files `step-<N>/<name>`, in `order`, atomically where the store
-        can; the staging folder is consumed either way."""
+        can; the staging folder is consumed either way. The last file names the step, and
+        is written only if that file is still at version `expected` (absent for None), else
+        StaleWrite. `progress` hears the bytes sent so far."""
 
     @abstractmethod
     def put(self, name: str, data: bytes) -> None:
@@ -87,8 +101,10 @@ class CheckpointStore(ABC):
         """Published steps, oldest first."""
 
     @abstractmethod
-    def delete_step(self, step: int) -> None:
-        """Remove a step folder and everything in it."""
+    def delete_step(self, step: int, version: str | None = None) -> bool:
+        """Remove a step folder and everything in it; with `version`, only if its naming
+        file (the manifest) is still at that version, removed first, as one conditional
+        step (False when it was not)."""
 
     @abstractmethod
     def location(self, step: int) -> str:
@@ -120,22 +136,42 @@ class LocalStore(CheckpointStore):
         folder.mkdir(parents=True)
         return folder
 
-    def publish(self, step: int, staging: Path, order: list[str]) -> None:
+    def publish(
+        self,
+        step: int,
+        staging: Path,
+        order: list[str],
+        expected: str | None,
+        progress: Callable[[int], None] = lambda done: None,
+    ) -> None:
+        """A directory rename, as a compare-and-swap under the directory's lock: the step's
+        naming file must still be at `expected`."""
+        done = 0
         for name in order:
             _sync_file(staging / name)
+            done += (staging / name).stat().st_size
+            progress(done)
         final = self.root / f"step-{step}"
-        if final.exists():  # a replay after a restart: the old copy was never named in latest.json
-            stale = self.root / f".step-{step}.old-{uuid.uuid4().hex[:8]}"
-            final.rename(stale)
-            shutil.rmtree(stale)
-        staging.rename(final)
-        _sync_directory(self.root)
+        try:
+            with self._locked(final.name):
+                current = self.get_versioned(f"{final.name}/{order[-1]}")
+                if (current and current[1]) != expected:
+                    raise StaleWrite(f"{final}/{order[-1]} changed under this write (another writer)")
+                if final.exists():  # a replay after a restart, or a superseded run's late step
+                    stale = self.root / f".step-{step}.old-{uuid.uuid4().hex[:8]}"
+                    final.rename(stale)
+                    shutil.rmtree(stale)
+                staging.rename(final)
+                _sync_directory(self.root)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def put(self, name: str, data: bytes) -> None:
-        staging = self.root / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
+        final = self.root / name
+        staging = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
         _write_synced(staging, data)
-        os.replace(staging, self.root / name)
-        _sync_directory(self.root)
+        os.replace(staging, final)
+        _sync_directory(final.parent)
 
     def get(self, name: str) -> bytes | None:
         try:
@@ -190,8 +226,19 @@ class LocalStore(CheckpointStore):
         found = (_STEP_DIR.match(entry.name) for entry in self.root.iterdir() if entry.is_dir())
         return sorted(int(match[1]) for match in found if match)
 
-    def delete_step(self, step: int) -> None:
-        shutil.rmtree(self.root / f"step-{step}", ignore_errors=True)
+    def delete_step(self, step: int, version: str | None = None) -> bool:
+        folder = self.root / f"step-{step}"
+        if version is None:
+            shutil.rmtree(folder, ignore_errors=True)
+            return True
+        with self._locked(folder.name):
+            current = self.get_versioned(f"{folder.name}/manifest.json")
+            if current is None or current[1] != version:
+                return False
+            gone = self.root / f".step-{step}.old-{uuid.uuid4().hex[:8]}"
+            folder.rename(gone)
+        shutil.rmtree(gone, ignore_errors=True)
+        return True
 
     def location(self, step: int) -> str:
         return str(self.root / f"step-{step}")

@@ -3,11 +3,19 @@
 At the step boundary the state is copied into a shared-memory host buffer, the only pause
 training sees; the writer process (`writer_process.py`) then writes the node-local snapshot
 and, on rank 0, stages and uploads the durable checkpoint, outside this process's GIL.
-The host buffer is refilled only after the writer has read it, and one durable write is in
-flight at most: a save waits for them for a bounded time (its peers wait in a collective
-meanwhile), and so does the end of the run. A write that keeps failing is reported loudly
-and training goes on, since the previous checkpoint is still intact. With
-`async_save=false` the same work runs inline.
+The host buffer is refilled only after the writer has read it: a save waits for that for
+at most `checkpoint.save_wait_s`, else it is skipped (one line, a metric), and so are the
+saves after it, at once, until the writer has taken it. It never waits
+for an upload: a checkpoint staged while an earlier one uploads waits in the writer, where
+a newer one replaces it (latest wins). Only the run's end and a stop wait for the upload,
+within their budgets. A write that keeps failing is reported loudly and training goes on,
+since the previous checkpoint is still intact. With `async_save=false` the same work runs
+inline.
+
+The writer is watched (`WriterWatch`): it reports its progress (phase, bytes, attempt), and
+one that stays silent past its limit while it has work is named in one line, killed, its
+open multipart uploads aborted, and replaced by a new writer, which stages again what the
+old one had not taken and publishes the newest checkpoint it had staged.
 
 Waiting is on Events, not `Thread.join`: in Python 3.11 a signal handler that raises while
 the main thread is in `join()` can leave the thread marked stopped.
@@ -15,8 +23,11 @@ the main thread is in `join()` can leave the thread marked stopped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import pickle
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -24,13 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from trainer.checkpoint.manager import Checkpointer
-from trainer.checkpoint.shared_state import SharedStateBuffer
+from trainer.checkpoint.shared_state import SharedState, SharedStateBuffer
 from trainer.checkpoint.snapshots import SnapshotDir
-from trainer.checkpoint.writer_process import WriterSetup
+from trainer.checkpoint.writer_process import Republish, WriterSetup
 from trainer.checkpoint.writer_start import WriterHandle, spawn_writer
 from trainer.checkpoint.writing import (
     AttemptFailed,
+    Coalesced,
     Event,
+    Progress,
     Published,
     PublishFailed,
     SaveRequest,
@@ -40,6 +53,10 @@ from trainer.checkpoint.writing import (
 from trainer.config import CheckpointConfig
 from trainer.telemetry.log import event
 
+WATCH_POLL_S = 1.0
+WRITER_MULTIPLE = 5.0  # times the longest silence seen between a working writer's reports
+WRITER_START_S = 120.0  # a new writer's allowance to start (a new interpreter imports torch)
+
 
 @dataclass
 class CheckpointStats:
@@ -47,6 +64,10 @@ class CheckpointStats:
 
     saves_total: int = 0
     failures_total: int = 0
+    skipped_total: int = 0  # saves not made: the writer had not taken the state before
+    coalesced_total: int = 0  # durable writes replaced by a newer one before they began
+    writer_replacements_total: int = 0
+    wait_seconds_total: float = 0.0  # training's time waiting for the writer to take a state
     last_success_step: int | None = None
     last_success_timestamp: float | None = None
     last_bytes: int = 0
@@ -57,6 +78,40 @@ class CheckpointStats:
     last_snapshot_step: int | None = None
     last_snapshot_bytes: int = 0
     last_snapshot_seconds: float = 0.0
+
+
+@dataclass
+class WriterWatch:
+    """How long a writer with work may stay silent: `WRITER_MULTIPLE` times the longest gap
+    seen between its reports while it worked, at least `floor_s`; or a fixed `fixed_s`."""
+
+    floor_s: float
+    fixed_s: float | None = None
+    heard_at: float = 0.0
+    longest_gap_s: float = 0.0
+    working: bool = False
+
+    def limit(self) -> float:
+        if self.fixed_s is not None:
+            return self.fixed_s
+        return max(self.floor_s, WRITER_MULTIPLE * self.longest_gap_s)
+
+    def handed(self, now: float) -> None:
+        """Work was handed over: an idle writer's silence counts from now."""
+        if not self.working:
+            self.working, self.heard_at = True, now
+
+    def heard(self, now: float, still_working: bool) -> None:
+        if self.working:  # a start's allowance (heard_at ahead of now) is no gap
+            self.longest_gap_s = max(self.longest_gap_s, now - self.heard_at)
+        self.heard_at, self.working = now, still_working
+
+    def expect_start(self, now: float) -> None:
+        """A new writer is starting: it may be silent for WRITER_START_S more."""
+        self.working, self.heard_at = True, now + WRITER_START_S
+
+    def silent_s(self, now: float) -> float:
+        return max(0.0, now - self.heard_at) if self.working else 0.0
 
 
 class CheckpointWriter:
@@ -80,16 +135,25 @@ class CheckpointWriter:
         self.cache = cache
         self.snapshots: SnapshotDir | None = None
         self.stats = CheckpointStats()
+        fixed = config.writer_timeout_s
+        self.watch = WriterWatch(config.writer_floor_s, None if fixed == "auto" else float(fixed))
         self._staged = threading.Event()
         self._durable_idle = threading.Event()
         self._staged.set()
         self._durable_idle.set()
-        self._writing: int | None = None
+        self._lock = threading.RLock()  # the books below, kept by the listener and the watch
+        self._handed: tuple[SaveRequest, SharedState] | None = None  # sent, not yet staged
+        self._durable: dict[int, SaveRequest] = {}  # durable saves handed over, not yet ended
+        self._staged_durable: dict[int, str] = {}  # their staged folders, until published
+        self._last_progress: Progress | None = None
         self._stalls: dict[int, float] = {}
         self._buffer: SharedStateBuffer | None = None
+        self._setup: WriterSetup | None = None
         self._process: WriterHandle | None = None
         self._inline: SaveWork | None = None
         self._snapshot_failing = False
+        self._skipped = 0  # saves skipped in a row, the writer not having taken the state before
+        self._closing = threading.Event()
         if config.async_save and (durable is not None or snapshots):
             self._process = process or spawn_writer()
         elif process is not None:
@@ -104,16 +168,22 @@ class CheckpointWriter:
         if self._process is None:
             self._write_inline()
             return
-        setup = WriterSetup(
+        self._setup = WriterSetup(
             durable=None if self.durable is None else self.config,
             cache=self.cache,
             snapshots=snapshots,
             attempts=self.attempts,
             fence=None if self.durable is None else self.durable.fence,
         )
-        self._send(setup)
         self._buffer = SharedStateBuffer()
-        threading.Thread(target=self._listen, name="checkpoint-events", daemon=True).start()
+        self.watch.expect_start(time.monotonic())
+        self._begin(self._process)
+        threading.Thread(target=self._watch_loop, name="checkpoint-writer-watch", daemon=True).start()
+
+    def _begin(self, process: WriterHandle) -> None:
+        """Set a writer up and listen to it."""
+        self._send(process, self._setup)
+        threading.Thread(target=self._listen, args=(process,), name="checkpoint-events", daemon=True).start()
 
     def save(
         self,
@@ -125,31 +195,28 @@ class CheckpointWriter:
         durable: bool,
         wait_s: float | None = None,
     ) -> bool:
-        """Copy `state` now and write it: a snapshot if this node keeps them, the durable
-        checkpoint if `durable`. If the writes before it are still running after `wait_s`
-        seconds, skip this one (logged) rather than hold up the ranks; where only the
-        durable upload before it is (a slow store), the step is still kept in the snapshot,
-        so that a stop in the middle of that upload loses nothing on this node: with a
-        snapshot to fall back on, the upload is waited for half of `wait_s`, leaving the
-        other half to write the snapshot (a stop's deadline covers both)."""
+        """Copy `state` now and hand it to the writer: a snapshot if this node keeps them,
+        the durable checkpoint if `durable`. The copy waits for the writer to have taken the
+        state before, for at most `wait_s` (None: as long as it takes); past that the save
+        is skipped (one line)."""
         durable = durable and self.durable is not None
         started = time.perf_counter()
-        ready = self._staged.wait(wait_s)
-        upload_wait_s = wait_s / 2 if wait_s is not None and self.snapshots is not None else wait_s
-        if ready and durable and not self._durable_idle.wait(upload_wait_s):
-            ready = self.snapshots is not None
-            durable = False
-            self.log.warning(
-                "checkpoint step %d %s: the upload of step %s is still running after %.0fs",
-                step, "kept in the snapshot only" if ready else "skipped", self._writing, upload_wait_s,
-            )  # fmt: skip
-        elif not ready:
-            self.log.warning(
-                "checkpoint step %d skipped: the write of step %s is still running after %.0fs",
-                step, self._writing, wait_s,
-            )  # fmt: skip
-        if not ready:
+        ready = self._staged.wait(0 if self._skipped and wait_s is not None else wait_s)
+        self.stats.wait_seconds_total += time.perf_counter() - started
+        if not ready:  # the first of a streak waited its bound; the rest see at once
+            self.stats.skipped_total += 1
+            self._skipped += 1
+            if self._skipped == 1:
+                handed = self._handed[0].step if self._handed else None
+                self.log.warning(
+                    "checkpoint step %d skipped: the writer has not taken step %s's state after %.1fs; "
+                    "saves are skipped until it does (the newest durable step is %s)",
+                    step, handed, wait_s, self.stats.last_success_step,
+                )  # fmt: skip
             return False
+        if self._skipped:
+            self.log.info("checkpoint step %d handed over again: %d saves were skipped", step, self._skipped)
+            self._skipped = 0
         request = SaveRequest(
             step, epoch, world_size, self.snapshots is not None, durable, frozenset(self._protected())
         )
@@ -166,11 +233,16 @@ class CheckpointWriter:
             self.stats.failures_total += durable
             return False
         self.stats.last_stall_seconds = self._stalls[step] = time.perf_counter() - started
-        self._staged.clear()
-        if durable:
-            self._durable_idle.clear()
-            self._writing = step
-        self._send((request, shared))
+        with self._lock:
+            self._staged.clear()
+            self._handed = (request, shared)
+            if durable:
+                self._durable[step] = request
+                self._durable_idle.clear()
+            self.watch.handed(time.monotonic())
+            process = self._process
+        if process is not None:
+            self._send(process, (request, shared))
         return True
 
     def _protected(self) -> set[int]:
@@ -198,9 +270,11 @@ class CheckpointWriter:
         """Let the last write finish, for up to `timeout` seconds, and let the writer go."""
         if not self.wait(timeout):
             self.log.error("checkpoint write still running after %.0fs; exiting without it", timeout)
+        self._closing.set()
         # let go of the writer before closing its stdin: it exits at once, and the listener
         # must not take an exit it sees while `_process` still names it for a death
-        process, self._process = self._process, None
+        with self._lock:
+            process, self._process = self._process, None
         if process is not None:
             process.stdin.close()  # the writer finishes what it holds and exits
         if self._buffer is not None:
@@ -211,34 +285,106 @@ class CheckpointWriter:
         snapshot_store = self.snapshots.checkpointer() if self.snapshots is not None else None
         self._inline = SaveWork(self.durable, snapshot_store, self.attempts, self._on_event)
 
-    def _send(self, message: object) -> None:
+    def _send(self, process: WriterHandle, message: object) -> None:
         try:
-            pickle.dump(message, self._process.stdin)
-            self._process.stdin.flush()
+            pickle.dump(message, process.stdin)
+            process.stdin.flush()
         except OSError:  # the writer died: `_listen` reports it and switches to inline writes
             pass
 
-    def _listen(self) -> None:
+    def _listen(self, process: WriterHandle) -> None:
         """Turn the writer process's events into stats and log lines until it exits."""
-        process = self._process
         while True:
             try:
                 self._on_event(pickle.load(process.stdout))
             except (EOFError, OSError, pickle.UnpicklingError):
                 break
-        if self._process is process:  # it died under a running trainer
+        with self._lock:
+            died = self._process is process  # not let go by `close`, nor replaced
+            if died:
+                self._process = None
+        if died:
             code = process.wait()
             self.log.error(
                 "the checkpoint writer process exited (code %s); writing checkpoints inline from now on", code
             )
-            self._process = None
             self._write_inline()
-            if not self._durable_idle.is_set():
-                self._on_event(PublishFailed(self._writing or -1, 0))
+            for step in list(self._durable):
+                self._on_event(PublishFailed(step, 0))
+            self._handed = None
             self._staged.set()
 
+    # ----- the writer's watch --------------------------------------------------------------
+
+    def _watch_loop(self) -> None:
+        """Replace a writer that has work and has been silent past its limit."""
+        while not self._closing.wait(WATCH_POLL_S):
+            with self._lock:
+                silent, limit = self.watch.silent_s(time.monotonic()), self.watch.limit()
+                process = self._process
+            if process is not None and silent > limit:
+                self._replace(process, silent, limit)
+
+    def _replace(self, process: WriterHandle, silent_s: float, limit_s: float) -> None:
+        """Name the stuck writer, stop it for good, abort its open uploads, and hand its
+        work to a new one: the state it had not taken, and the newest checkpoint it staged."""
+        last = self._last_progress
+        handed = self._handed[0].step if self._handed else None
+        step = max(self._durable, default=handed) if last is None else last.step
+        doing = (
+            ""
+            if last is None
+            else f" ({last.phase}, {_size(last.done)}{_of(last.total)} done, attempt {last.attempt})"
+        )
+        self.log.error(
+            "checkpoint writer stuck on step %s%s: silent for %.0fs (limit %.0fs); replacing it",
+            step, doing, silent_s, limit_s,
+            extra={"event": "writer_stuck", "fields": {"step": step, "silent_s": round(silent_s, 1),
+                                                       "limit_s": round(limit_s, 1)}},
+        )  # fmt: skip
+        with self._lock:
+            self._process = None  # its end is no death now
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(_pid(process), signal.SIGKILL)
+        process.wait()
+        self._abort_uploads()
+        with self._lock:
+            self.stats.writer_replacements_total += 1
+            newest = max(self._staged_durable, default=None)
+            keep = {newest, *(() if self._handed is None else (self._handed[0].step,))}
+            for older in [step for step in self._durable if step not in keep]:  # latest wins
+                self._end_durable(older)
+                self.stats.coalesced_total += 1
+            replacement = spawn_writer()
+            self._process = replacement
+            self.watch.expect_start(time.monotonic())
+        self._begin(replacement)
+        if newest is not None:
+            self._send(replacement, Republish(self._durable[newest], Path(self._staged_durable.pop(newest))))
+        if self._handed is not None:  # its file's name is gone: the state goes in a new one
+            request, shared = self._handed
+            self._handed = (request, self._buffer.rehome(shared))
+            self._send(replacement, self._handed)
+
+    def _abort_uploads(self) -> None:
+        """Multipart uploads the stopped writer left open (S3 keeps their parts, invisible)."""
+        abort = getattr(self.durable and self.durable.store, "abort_uploads", None)
+        for step in list(self._durable) if abort else []:
+            try:
+                aborted = abort(step)
+            except Exception as error:  # the store answers badly: its lifecycle rule cleans up
+                self.log.warning("aborting step %d's open uploads failed: %s", step, error)
+                continue
+            if aborted:
+                self.log.info("aborted %d open upload(s) of step %d", aborted, step)
+
+    # ----- events -------------------------------------------------------------------------
+
     def _on_event(self, happened: Event) -> None:
-        stats = self.stats
+        with self._lock:
+            if isinstance(happened, Progress):
+                self._last_progress = happened
+            self.watch.heard(time.monotonic(), still_working=True)
         if isinstance(happened, Staged):
             self._on_staged(happened)
         elif isinstance(happened, AttemptFailed):
@@ -246,33 +392,53 @@ class CheckpointWriter:
                 "checkpoint step %d attempt %d/%d failed: %s",
                 happened.step, happened.attempt, happened.attempts, happened.error,
             )  # fmt: skip
+        elif isinstance(happened, Coalesced):
+            self.stats.coalesced_total += 1
+            self.log.info(
+                "checkpoint step %d not written: step %d replaced it while an upload ran (latest wins)",
+                happened.step, happened.by,
+            )  # fmt: skip
+            self._end_durable(happened.step)
         elif isinstance(happened, Published):
-            stats.saves_total += 1
-            stats.last_success_step, stats.last_success_timestamp = happened.step, time.time()
-            stats.last_bytes, stats.last_write_seconds = happened.size_bytes, happened.seconds
-            stall = self._stalls.pop(happened.step, 0.0)
-            megabytes = happened.size_bytes / 1e6
-            event(
-                self.log,
-                "checkpoint",
-                f"checkpoint step {happened.step} -> {happened.location} ({megabytes:.1f} MB, "
-                f"paused training {stall:.3f}s, written in {happened.seconds:.2f}s)",
-                step=happened.step,
-                location=happened.location,
-                bytes=happened.size_bytes,
-                write_seconds=round(happened.seconds, 4),
-                stall_seconds=round(stall, 4),
-            )
-            self._durable_idle.set()
+            self._on_published(happened)
         elif isinstance(happened, PublishFailed):
-            stats.failures_total += 1
+            self.stats.failures_total += 1
             self._stalls.pop(happened.step, None)
             self.log.error(
                 "CHECKPOINT FAILED: step %d was not saved after %d attempts; the newest checkpoint is "
                 "still step %s",
-                happened.step, happened.attempts, stats.last_success_step,
+                happened.step, happened.attempts, self.stats.last_success_step,
             )  # fmt: skip
-            self._durable_idle.set()
+            self._end_durable(happened.step)
+        with self._lock:
+            self.watch.working = self.busy
+
+    def _on_published(self, happened: Published) -> None:
+        stats = self.stats
+        stats.saves_total += 1
+        stats.last_success_step, stats.last_success_timestamp = happened.step, time.time()
+        stats.last_bytes, stats.last_write_seconds = happened.size_bytes, happened.seconds
+        stall = self._stalls.pop(happened.step, 0.0)
+        event(
+            self.log,
+            "checkpoint",
+            f"checkpoint step {happened.step} -> {happened.location} ({happened.size_bytes / 1e6:.1f} MB, "
+            f"paused training {stall:.3f}s, written in {happened.seconds:.2f}s)",
+            step=happened.step,
+            location=happened.location,
+            bytes=happened.size_bytes,
+            write_seconds=round(happened.seconds, 4),
+            stall_seconds=round(stall, 4),
+        )
+        self._end_durable(happened.step)
+
+    def _end_durable(self, step: int) -> None:
+        """A durable save is over (published, failed or replaced)."""
+        with self._lock:
+            self._durable.pop(step, None)
+            self._staged_durable.pop(step, None)
+            if not self._durable:
+                self._durable_idle.set()
 
     def _on_staged(self, staged: Staged) -> None:
         stats = self.stats
@@ -292,6 +458,23 @@ class CheckpointWriter:
             stats.last_snapshot_step = staged.step
             stats.last_snapshot_bytes = staged.snapshot_bytes
             stats.last_snapshot_seconds = staged.snapshot_seconds
-        if self._writing != staged.step:
-            self._stalls.pop(staged.step, None)
-        self._staged.set()
+        with self._lock:
+            if staged.durable and staged.step in self._durable:
+                self._staged_durable[staged.step] = staged.durable
+            if self._handed is not None and self._handed[0].step == staged.step:
+                self._handed = None
+            if staged.step not in self._durable:
+                self._stalls.pop(staged.step, None)
+            self._staged.set()
+
+
+def _pid(process: WriterHandle) -> int:
+    return process.pid  # a ForkedWriter's and a Popen's alike
+
+
+def _size(done: int) -> str:
+    return f"{done / 1e6:.1f} MB"
+
+
+def _of(total: int) -> str:
+    return f" of {total / 1e6:.1f} MB" if total else ""

@@ -3,12 +3,15 @@
 Started by a node's first rank at the start of a run. It serializes, hashes and uploads in
 its own interpreter, so none of that holds the training process's GIL, at a lower CPU
 priority (set before its imports), so it fills idle cycles. It reads pickled messages on
-stdin (a `WriterSetup`, then `(SaveRequest, SharedState)` pairs) and answers with pickled
-events on stdout. The next stage waits for nothing but the previous stage; the upload runs
-on a thread, one at a time. When its parent is gone (stdin closes, a SIGKILLed rank
-included) it finishes what it was given, the snapshot in flight and the upload, and exits:
-a killed rank loses no state it had already handed over. Signals meant for the training
-process group do not stop it.
+stdin (a `WriterSetup`, then `(SaveRequest, SharedState)` pairs, or a `Republish` of a
+durable checkpoint another writer staged) and answers with pickled events on stdout, its
+progress among them (the training process watches for silence). The next stage waits for
+nothing but the previous stage; the upload runs on a thread, one at a time, and a durable
+checkpoint staged while another uploads waits in one slot, where a newer one replaces it
+(`Uploads`: latest wins, so a slow store costs durability, never training time). When its
+parent is gone (stdin closes, a SIGKILLed rank included) it finishes what it was given,
+the snapshot in flight and the uploads, and exits: a killed rank loses no state it had
+already handed over. Signals meant for the training process group do not stop it.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import contextlib
 import fcntl
 import os
 import pickle
+import shutil
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +36,7 @@ from trainer.checkpoint.location import open_store
 from trainer.checkpoint.manager import Checkpointer
 from trainer.checkpoint.shared_state import SharedStateReader
 from trainer.checkpoint.snapshots import SnapshotDir
-from trainer.checkpoint.writing import Event, SaveWork
+from trainer.checkpoint.writing import Coalesced, Event, Progress, SaveRequest, SaveWork
 from trainer.config import CheckpointConfig
 
 WRITER_NICENESS = 10
@@ -49,6 +53,55 @@ class WriterSetup:
     snapshots: SnapshotDir | None
     attempts: int
     fence: LeaseFence | None = None
+
+
+@dataclass(frozen=True)
+class Republish:
+    """A durable checkpoint staged by a writer that was replaced (`staged`, complete): this
+    writer publishes it, as its newest pending one."""
+
+    request: SaveRequest
+    staged: Path
+
+
+class Uploads:
+    """One upload at a time, on a thread; of the checkpoints staged meanwhile only the
+    newest waits (an older one is dropped, reported as Coalesced)."""
+
+    def __init__(self, work: SaveWork, emit: Callable[[Event], None]) -> None:
+        self.work, self.emit = work, emit
+        self._pending: tuple[Path, SaveRequest] | None = None
+        self._busy = False
+        self._ready = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="upload", daemon=True)
+        self._closed = False
+        self._thread.start()
+
+    def offer(self, staged: Path, request: SaveRequest) -> None:
+        with self._ready:
+            if self._pending is not None:
+                older, old_request = self._pending
+                shutil.rmtree(older, ignore_errors=True)
+                self.emit(Coalesced(old_request.step, request.step))
+            self._pending = (staged, request)
+            self._ready.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while self._pending is None and not self._closed:
+                    self._ready.wait()
+                if self._pending is None:
+                    return
+                (staged, request), self._pending = self._pending, None
+            self.work.publish(staged, request)
+
+    def close(self) -> None:
+        """Finish the upload in flight and the pending one, then stop."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify()
+        self._thread.join()
 
 
 def _receive(inbox: BinaryIO) -> object | None:
@@ -74,19 +127,40 @@ def serve(inbox: BinaryIO, outbox: BinaryIO) -> None:
         durable = Checkpointer(open_store(setup.durable), setup.durable.keep_last, setup.cache, setup.fence)
     snapshots = setup.snapshots.checkpointer() if setup.snapshots is not None else None
     work = SaveWork(durable, snapshots, setup.attempts, emit)
+    sys.addaudithook(_counting_sends(work))
     reader = SharedStateReader()
-    upload: threading.Thread | None = None
     with writer_lock(setup.cache, LOCK_WAIT_S):
+        emit(Progress(0, "ready", 0, 0))  # started: the training process's watch hears it
+        uploads = Uploads(work, emit)
         while (message := _receive(inbox)) is not None:
+            if isinstance(message, Republish):
+                uploads.offer(_adopted(durable, message), message.request)
+                continue
             request, shared = message
             staged = work.stage(reader.open(shared), request)
             if staged is not None:
-                if upload is not None:
-                    upload.join()
-                upload = threading.Thread(target=work.publish, args=(staged, request), name="upload")
-                upload.start()
-        if upload is not None:
-            upload.join()
+                uploads.offer(staged, request)
+        uploads.close()
+
+
+def _counting_sends(work: SaveWork) -> Callable[[str, tuple], None]:
+    """An audit hook (this process's own, for its life) that hands `work` the size of each
+    block http.client sends: an upload's progress as the network takes it, block by block
+    (16 KiB through urllib3), where boto3's callback fires per 256 KiB read into its buffers
+    (s3transfer/upload.py AggregatedProgressCallback) and so runs ahead of a slow link."""
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "http.client.send":
+            work.sent(len(args[1]))
+
+    return hook
+
+
+def _adopted(durable: Checkpointer, message: Republish) -> Path:
+    """The replaced writer's staged folder, as this writer's own (hard links), then gone."""
+    staged = durable.adopt(message.request.step, message.staged)
+    shutil.rmtree(message.staged, ignore_errors=True)
+    return staged
 
 
 @contextmanager

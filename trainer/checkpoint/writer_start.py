@@ -38,6 +38,7 @@ class WriterHandle(Protocol):
     """What the training process holds of its writer: the pipe it sends on, the pipe it
     hears on, and the wait for its exit code (negative: the signal that killed it)."""
 
+    pid: int
     stdin: BinaryIO
     stdout: BinaryIO
 

@@ -10,6 +10,7 @@ metrics and the waits of the next save.
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,12 +35,35 @@ class SaveRequest:
 
 @dataclass(frozen=True)
 class Staged:
-    """The state's host copy has been read: the next save may overwrite it."""
+    """The state's host copy has been read: the next save may overwrite it. `durable` is
+    the staged durable checkpoint's folder, complete, until it is published."""
 
     step: int
     snapshot_bytes: int = 0
     snapshot_seconds: float = 0.0
     snapshot_error: str = ""
+    durable: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The writer is working: on `step`, in `phase` (serialize, hash, upload), `done` of
+    `total` bytes (0: not known), in attempt `attempt` of the upload (0 before it)."""
+
+    step: int
+    phase: str
+    done: int
+    total: int
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class Coalesced:
+    """The durable write of `step`, still waiting for the upload before it, was replaced by
+    the newer `by`: only the newest pending state is written."""
+
+    step: int
+    by: int
 
 
 @dataclass(frozen=True)
@@ -66,7 +90,8 @@ class PublishFailed:
     attempts: int
 
 
-Event = Staged | AttemptFailed | Published | PublishFailed
+Event = Staged | Progress | Coalesced | AttemptFailed | Published | PublishFailed
+PROGRESS_EVERY_S = 0.5  # the most often a writer reports its bytes
 
 
 class SaveWork:
@@ -82,6 +107,32 @@ class SaveWork:
     ) -> None:
         self.durable, self.snapshots, self.attempts = durable, snapshots, attempts
         self.report, self.sleep = report, sleep
+        # the step being staged and the one being uploaded, at once in a writer process
+        self._staging, self._uploading, self._attempt, self._reported_at = 0, 0, 0, 0.0
+        self._sent = 0  # bytes of the current upload attempt on the wire (`sent`)
+        self._lock = threading.Lock()
+        for checkpointer in (durable, snapshots):
+            if checkpointer is not None:
+                checkpointer.progress = self._bytes
+
+    def sent(self, nbytes: int) -> None:
+        """Bytes of the upload in flight that reached the network."""
+        with self._lock:
+            self._sent += nbytes
+            sent = self._sent
+        self._bytes("upload", sent, 0)
+
+    def _bytes(self, phase: str, done: int, total: int) -> None:
+        """A checkpointer's bytes, reported at most every PROGRESS_EVERY_S (the upload's
+        callback comes from several threads)."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._reported_at < PROGRESS_EVERY_S:
+                return
+            self._reported_at = now
+        upload = phase == "upload"
+        step = self._uploading if upload else self._staging
+        self.report(Progress(step, phase, done, total, self._attempt if upload else 0))
 
     def stage(self, state: dict[str, Any], request: SaveRequest) -> Path | None:
         """Write the snapshot and stage the durable checkpoint; the staging folder, if any.
@@ -89,6 +140,8 @@ class SaveWork:
         started = time.perf_counter()
         snapshot_path, staged = None, None
         size, error = 0, ""
+        self._staging = request.step
+        self.report(Progress(request.step, "stage", 0, 0))
         if request.snapshot and self.snapshots is not None:
             try:
                 self.snapshots.keep_newest(1)  # the newest intact one stays while the next is written
@@ -112,7 +165,7 @@ class SaveWork:
             self.report(AttemptFailed(request.step, 1, 1, str(failure)))
             self.report(PublishFailed(request.step, 1))
         finally:
-            self.report(Staged(request.step, size, snapshot_seconds, error))
+            self.report(Staged(request.step, size, snapshot_seconds, error, str(staged or "")))
         return staged
 
     def publish(self, staged: Path, request: SaveRequest) -> None:
@@ -124,6 +177,8 @@ class SaveWork:
         try:
             for attempt in range(1, self.attempts + 1):
                 spare: Path | None = None
+                self._uploading, self._attempt, self._sent = request.step, attempt, 0
+                self.report(Progress(request.step, "upload", 0, 0, attempt))
                 try:
                     spare = self.durable.adopt(request.step, staged) if attempt < self.attempts else staged
                     saved = self.durable.commit(request.step, spare, started)

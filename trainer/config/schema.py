@@ -154,8 +154,12 @@ class CheckpointConfig:
     name or `defaults`), how often, how many stay, and whether a start resumes.
 
     With `async_save` the state is copied to shared host memory at the step boundary and a
-    writer process writes it (at most one durable write in flight); a write is tried
-    `attempts` times; exits wait up to `drain_timeout_s` for the last one. Every
+    writer process writes it: a save waits at most `save_wait_s` for the writer to have
+    taken the state before (else it is skipped), never for an upload (a checkpoint staged
+    while another uploads waits, and a newer one replaces it); a write is tried `attempts`
+    times; exits wait up to `drain_timeout_s` for the last one. A writer with work that is
+    silent for 5 times the longest gap between its reports, at least `writer_floor_s` (or a
+    fixed `writer_timeout_s`), is replaced. Every
     `snapshot_every_steps` steps (0: never; auto: as often as keeps their pause under 0.5 %
     of training time, at least every 5 steps apart) each node's first rank also keeps a
     snapshot in the node-local `snapshot_dir` (memory-backed /dev/shm by default), from
@@ -173,6 +177,9 @@ class CheckpointConfig:
     async_save: bool = True
     attempts: PositiveInt = 3
     drain_timeout_s: PositiveFloat = 600.0
+    save_wait_s: PositiveFloat = 5.0
+    writer_timeout_s: Literal["auto"] | PositiveFloat = "auto"
+    writer_floor_s: Annotated[float, Field(ge=5)] = 30.0
     snapshot_every_steps: Literal["auto"] | NonNegativeInt = "auto"
     snapshot_dir: str = "/dev/shm/ddp-trainer-snapshots"
     cache_dir: str = ""

@@ -72,6 +72,7 @@ class Trainer:
         self.stop, self.heartbeat = stop, heartbeat
         # what rank 0 or one node may spend alone while its peers wait in a collective
         self.solo_budget_s = config.dist.timeout_s / 2
+        self.save_wait_s = min(config.checkpoint.save_wait_s, self.solo_budget_s)
         self.checkpoints = CheckpointPolicy(
             config.checkpoint,
             context,
@@ -176,7 +177,7 @@ class Trainer:
                 raise self.checkpoints.report_not_durable(self.progress.step, self.solo_budget_s)
             if self.checkpoints.snapshot_every:
                 self.checkpoints.drop_snapshots(self.solo_budget_s)
-        self.metrics.checkpoints(self.checkpoints.stats)
+        self.metrics.checkpoints(self.checkpoints.stats, self.progress.step)
         self.metrics.flush()
         with self.heartbeat.phase(phases.TEST):
             test = self._evaluate(self.splits.test) if len(self.splits.test) else {}
@@ -280,8 +281,8 @@ class Trainer:
             durable = self.checkpoints.durable_due(progress.step, done)
             if durable or self.checkpoints.snapshot_due(progress.step):
                 self._report_progress()
-                with lapped(self.clock, CHECKPOINT):
-                    self._save(wait_s=self.solo_budget_s, durable=durable)
+                with lapped(self.clock, CHECKPOINT):  # the end's save may wait; no other does long
+                    self._save(wait_s=self.solo_budget_s if done else self.save_wait_s, durable=durable)
             if epoch_done or done:
                 return
 
@@ -335,7 +336,7 @@ class Trainer:
             return
         self.checkpoints.apply_interval(proposal)
         if self.context.is_main:
-            self.metrics.checkpoints(self.checkpoints.stats)
+            self.metrics.checkpoints(self.checkpoints.stats, self.progress.step)
 
     def _end_epoch(self) -> None:
         """Validate, let early stopping decide (rank 0's decision for all), move to the next epoch."""

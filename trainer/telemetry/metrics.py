@@ -82,8 +82,8 @@ class Metrics:
     def validation(self, loss: float, accuracy: float) -> None:
         """The latest validation metrics."""
 
-    def checkpoints(self, stats: CheckpointStats) -> None:
-        """This node's checkpoint writer figures (durable ones on rank 0 only)."""
+    def checkpoints(self, stats: CheckpointStats, step: int) -> None:
+        """This node's checkpoint writer figures (durable ones on rank 0 only) at `step`."""
 
     def flush(self) -> None:
         """Push buffered step figures to the shared files."""
@@ -107,7 +107,7 @@ class PrometheusMetrics(Metrics):
         self._batch = StepBatch()
         self._flushed_at = time.monotonic()
         self._lock = threading.Lock()
-        self._checkpoint_seen = (0, 0)
+        self._checkpoint_seen: dict[str, float] = {}
 
         def counter(name: str, doc: str) -> Any:
             return Counter(name, doc, RANK_LABELS).labels(**labels)
@@ -179,8 +179,29 @@ class PrometheusMetrics(Metrics):
                 "Steps completed before the last restart that the resume point did not hold (redone).",
             ),
         }
-        self.checkpoint_saves = counter("ddp_checkpoint_saves_total", "Checkpoints committed.")
-        self.checkpoint_failures = counter("ddp_checkpoint_failures_total", "Checkpoints given up on.")
+        # CheckpointStats field -> the counter that exports its growth
+        self.checkpoint_counters = {
+            "saves_total": counter("ddp_checkpoint_saves_total", "Checkpoints committed."),
+            "failures_total": counter("ddp_checkpoint_failures_total", "Checkpoints given up on."),
+            "skipped_total": counter(
+                "ddp_checkpoint_skipped_total",
+                "Saves skipped: the writer had not taken the state before within checkpoint.save_wait_s.",
+            ),
+            "coalesced_total": counter(
+                "ddp_checkpoint_coalesced_total",
+                "Durable writes replaced by a newer one while an upload ran (latest wins).",
+            ),
+            "writer_replacements_total": counter(
+                "ddp_checkpoint_writer_replacements_total", "Checkpoint writers found stuck and replaced."
+            ),
+            "wait_seconds_total": counter(
+                "ddp_checkpoint_wait_seconds_total",
+                "Time saves waited for the writer to take the state before.",
+            ),
+        }
+        self.durable_lag = gauge(
+            "ddp_checkpoint_durable_lag_steps", "Steps trained since the newest step the store holds."
+        )
         info = gauge("ddp_run_info", "The run's identity; the value is always 1.", tuple(sorted(run_info)))
         info.labels(**labels, **run_info).set(1)
 
@@ -224,11 +245,12 @@ class PrometheusMetrics(Metrics):
         self.gauges["val_loss"].set(loss)
         self.gauges["val_accuracy"].set(accuracy)
 
-    def checkpoints(self, stats: CheckpointStats) -> None:
-        saves, failures = self._checkpoint_seen
-        self.checkpoint_saves.inc(stats.saves_total - saves)
-        self.checkpoint_failures.inc(stats.failures_total - failures)
-        self._checkpoint_seen = (stats.saves_total, stats.failures_total)
+    def checkpoints(self, stats: CheckpointStats, step: int) -> None:
+        for field_name, counter in self.checkpoint_counters.items():
+            total = getattr(stats, field_name)
+            counter.inc(total - self._checkpoint_seen.get(field_name, 0))
+            self._checkpoint_seen[field_name] = total
+        self.durable_lag.set(step - (stats.last_success_step or 0))
         if stats.last_success_timestamp is not None:
             self.gauges["checkpoint_timestamp"].set(stats.last_success_timestamp)
             self.gauges["checkpoint_step"].set(stats.last_success_step)
