@@ -43,6 +43,8 @@ class Held:
     matches: Callable[[str, str], bool]
     arrived: threading.Event = field(default_factory=threading.Event)
     released: threading.Event = field(default_factory=threading.Event)
+    answered: threading.Event = field(default_factory=threading.Event)
+    status: int | None = None  # what the server answered it, once sent on
 
     def release(self) -> None:
         self.released.set()
@@ -183,6 +185,9 @@ class FaultProxy:
                 upstream.request(self.command, self.path, body=body, headers=headers)
                 response = upstream.getresponse()
                 payload = response.read()
+                if held is not None:
+                    held.status = response.status
+                    held.answered.set()
                 self.send_response(response.status)
                 dropped = {"transfer-encoding", "connection"}
                 if self.command != "HEAD":  # a HEAD's Content-Length describes the object

@@ -1,6 +1,7 @@
 """Fault trials: hit a random rank at a random step, and check what the recovery lost.
 
-    python -m benchmarks.fault_trials [--fault kill|stop|freeze|node-freeze|partition|host-freeze]
+    python -m benchmarks.fault_trials [--fault kill|stop|freeze|node-freeze|partition|host-freeze|
+                                               writer-stop|slow-store|zombie]
                                       [--trials 10] [--seed 0]
                                       [--snapshot-every 5] [--epochs 60] [--fork-server on|off]
 
@@ -18,6 +19,14 @@ Between nodes (benchmarks.node_trials: two ddp-launch + torchrun agents, `--nnod
                (root), then plugged back;
   host-freeze  SIGSTOP rank 0's node (it hosts the store): the other names it within 10 s and
                waits; thawed at once, both resume at world size 2, bit-identical at the end.
+In the storage path (benchmarks.storage_trials, on moto's S3 server through the fault proxy):
+  writer-stop  rank 0's writer SIGSTOPped mid-upload on a 20 KB/s link: 40 more steps within
+               20 s, the writer named within 60 s and replaced, the run durable at its end;
+  slow-store   every upload slower than the checkpoint interval: samples/s against the fast
+               store's (>= 0.95x), the store at the run's last step;
+  zombie       job A's latest.json write held while A is paused, job B takes over and ends:
+               the store refuses the late write (412), A's restarts are refused, nothing
+               changes after B's end.
 A node trial's final state is held bit for bit to a run without the fault: the same job for
 host-freeze; for a lost node, the trial's rounds replayed at their world sizes, each
 stopped where the next resumed (`TwoNodes.replay`, with a constant LR schedule), so that
@@ -65,6 +74,7 @@ from benchmarks.metrics import free_port
 from benchmarks.namespaces import linked_hosts
 from benchmarks.node_trials import NODE_FAULTS, NodeTrial, TwoNodes, node_trial, rounds
 from benchmarks.pod_trials import freeze_trial, reference_job_state
+from benchmarks.storage_trials import STORAGE_FAULTS, storage_trials
 from trainer.distributed.forkserver import SWITCH_ENV, listening
 from trainer.distributed.launch import RDZV_ENV, signal_tree
 
@@ -279,7 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--fault", choices=("kill", "stop", "freeze", *NODE_FAULTS), default="kill")
+    parser.add_argument(
+        "--fault", choices=("kill", "stop", "freeze", *NODE_FAULTS, *STORAGE_FAULTS), default="kill"
+    )
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--snapshot-every", type=int, default=5)
@@ -289,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.fault in NODE_FAULTS:
         return node_trials(args)
+    if args.fault in STORAGE_FAULTS:
+        return storage_trials(args.fault, args.trials)
     plan = Plan(args.snapshot_every, args.epochs, args.fork_server == "on")
     chooser = random.Random(args.seed)
     started = time.perf_counter()

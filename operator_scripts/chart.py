@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +111,8 @@ def render(
 
     check_chart_keys(values or {})
     check_trainer_config(values or {})
+    # one install id for both renders below (the chart would draw one in each)
+    values = {**(values or {}), "installId": (values or {}).get("installId") or secrets.token_hex(4)}
     chart = Chart.load(CHART_DIR)
     result = Config().install(chart, release, values or {}, namespace=namespace, dry_run="client")
     manifest = pre_install_hooks(chart, values or {}, release, namespace) + result["manifest"]

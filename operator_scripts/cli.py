@@ -30,6 +30,7 @@ from operator_scripts.node_loss import NODE_MONITOR_GRACE_S, NodeLossPlan
 from trainer.config.argparsing import OneLineParser, existing_file, positive_float
 
 HELM_COMMANDS = ("render", "submit", "local")
+INSTALL_ID_ANNOTATION = "ddp-trainer/install-id"  # the chart's, on the job: helm/templates/_helpers.tpl
 
 
 def _chart_arguments(parser: argparse.ArgumentParser) -> None:
@@ -154,11 +155,30 @@ def _delay(text: str) -> tuple[str, float]:
     return pod, value
 
 
-def _render(args: argparse.Namespace):
+def _render(args: argparse.Namespace, install_id: str | None = None):
     values = merge_values(args.values, args.sets)
     if args.code is not None:
         values = deep_merge(values, code_values(args.code))
+    if install_id and not values.get("installId"):
+        values["installId"] = install_id
     return render(values, release=args.release, namespace=args.namespace)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    """Apply the release's objects. A job already there keeps its install id (the job id its
+    checkpoint lease knows), as `helm upgrade` keeps it: submitting again is the same job."""
+    rendered = _render(args)
+    if args.dry_run:
+        print(yaml.safe_dump_all(rendered.objects, sort_keys=False), end="")
+        return 0
+    cluster = Cluster()
+    (job,) = [item for item in rendered.objects if item["kind"] in ("PyTorchJob", "TrainJob")]
+    if kept := cluster.annotation(job, args.namespace, INSTALL_ID_ANNOTATION):
+        rendered = _render(args, install_id=kept)
+    for item in rendered.objects:
+        print(cluster.apply(item, args.namespace))
+    print(rendered.notes, file=sys.stderr)
+    return 0
 
 
 def _local(args: argparse.Namespace) -> int:
@@ -240,14 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(rendered.manifest, end="")
             print(rendered.notes, file=sys.stderr)
         elif args.command == "submit":
-            rendered = _render(args)
-            if args.dry_run:
-                print(yaml.safe_dump_all(rendered.objects, sort_keys=False), end="")
-                return 0
-            cluster = Cluster()
-            for item in rendered.objects:
-                print(cluster.apply(item, args.namespace))
-            print(rendered.notes, file=sys.stderr)
+            return _submit(args)
         elif args.command == "status":
             print(format_status(Cluster().status(args.job, args.namespace)))
         elif args.command == "logs":

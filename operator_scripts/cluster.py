@@ -279,6 +279,20 @@ class Cluster:
                 raise
         return f"{kind.lower()}/{name} {'created' if status == 201 else 'configured'}"
 
+    def annotation(self, item: dict[str, Any], namespace: str, key: str) -> str | None:
+        """An annotation of the object `item` names, as the cluster holds it now; None where
+        the object (or its kind) is not there."""
+        kind, api_version, name = item["kind"], item["apiVersion"], item["metadata"]["name"]
+        plural = KINDS.get((api_version, kind))
+        if plural is None:
+            return None
+        path = f"{collection_path(api_version, plural, namespace)}/{name}"
+        try:
+            found, _, _ = self._call(f"get {kind} {namespace}/{name}", lambda: self._request("GET", path))
+        except ClusterError:  # not found, or no such API yet: apply says which
+            return None
+        return ((found or {}).get("metadata", {}).get("annotations") or {}).get(key)
+
     def uninstall(self, release: str, namespace: str) -> list[str]:
         """Delete every object of the chart's kinds labelled with `release`, as `helm
         uninstall` does; the operator then deletes the job's pods. A kind whose CRD is not

@@ -422,3 +422,39 @@ def test_values_file_documents_every_key():
         parts = path.split(".")
         ancestors = {".".join(parts[:n]) for n in range(1, len(parts) + 1)}
         assert ancestors & documented, f"values.yaml: {path} has no '# --' comment"
+
+
+def job_ids(rendered) -> tuple[str, str]:
+    """The job's install-id annotation and the TRAINER_JOB_ID its pods get."""
+    job = rendered.one("PyTorchJob")
+    container = trainer_container(job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"])
+    (job_id,) = [variable["value"] for variable in container["env"] if variable["name"] == "TRAINER_JOB_ID"]
+    return job["metadata"]["annotations"]["ddp-trainer/install-id"], job_id
+
+
+def test_each_install_is_a_job_of_its_own_and_an_install_id_pins_it():
+    """The checkpoint lease knows a job by TRAINER_JOB_ID: two installs of one name are two
+    jobs (a superseded job's name may be installed again), `installId` keeps it (an upgrade,
+    ddp-ops submit again), and the job's annotation says it for the next upgrade to read."""
+    first, second = (render(merge_values(sets=["gpus=8"]), release="r", namespace="ns") for _ in range(2))
+    (annotation, job_id), (other, _) = job_ids(first), job_ids(second)
+    assert job_id == f"ns/r-ddp-trainer/{annotation}" and annotation != other
+    pinned = render(merge_values(sets=["gpus=8,installId=abc123"]), release="r", namespace="ns")
+    assert job_ids(pinned) == ("abc123", "ns/r-ddp-trainer/abc123")
+    with pytest.raises(HelmError, match="installId"):
+        render(merge_values(sets=["gpus=8,installId=Not/Valid"]), release="r", namespace="ns")
+
+
+def test_helm_itself_draws_one_install_id_per_render_and_asks_no_cluster_under_template():
+    """`helm install` without installId: the chart draws one, once for the whole render (the
+    annotation and every pod agree), and asks a cluster only where it serves the job's kind
+    (helm template and a client dry run have none: lookup would fail to connect)."""
+    from helm_python import Chart, Config
+
+    result = Config().install(Chart.load(CHART_DIR), "r", {"gpus": 8}, namespace="ns", dry_run="client")
+    objects = [item for item in yaml.safe_load_all(result["manifest"]) if item]
+    (job,) = [item for item in objects if item["kind"] == "PyTorchJob"]
+    annotation = job["metadata"]["annotations"]["ddp-trainer/install-id"]
+    assert re.fullmatch(
+        r"[a-z0-9]{8}", annotation
+    ) and f"value: ns/r-ddp-trainer/{annotation}" in yaml.safe_dump(job)

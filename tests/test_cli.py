@@ -195,9 +195,15 @@ def test_submit_twice_updates_and_delete_removes_every_object_of_the_release(cap
         assert len(created) == len(others) == 6 and all(line.endswith(" created") for line in created)
         assert "pytorchjob/ddp-run-ddp-trainer created" in created
 
+        job_key = ("training", "pytorchjobs", "ddp-run-ddp-trainer")
+        install_id = api.objects[job_key]["metadata"]["annotations"]["ddp-trainer/install-id"]
         assert main(["submit", "-n", "training", "--set", "trainer.config.train.epochs=3"]) == 0
         updated = capsys.readouterr().out.splitlines()
         assert updated == [line.replace(" created", " configured") for line in created]
+        # the same job: the id its checkpoint lease knows (TRAINER_JOB_ID) is kept, as on upgrade
+        job = api.objects[job_key]
+        assert job["metadata"]["annotations"]["ddp-trainer/install-id"] == install_id
+        assert f"ddp-run-ddp-trainer/{install_id}" in json.dumps(job["spec"])
         config = api.objects[("training", "configmaps", "ddp-run-ddp-trainer-config")]
         assert config["metadata"]["resourceVersion"] == "2" and "epochs: 3" in json.dumps(config["data"])
 

@@ -129,9 +129,11 @@ def test_values_mean_the_same_in_both_kinds(rendered):
     """The GPU scenario as both kinds: the same pods, processes, image, resources, env,
     volumes and probes; only the operator-specific parts differ."""
     path = next(p for p in TRAINJOB_SCENARIOS if p.name == "gpu-16-s3-values.yaml")
-    v1 = render(merge_values(files=[path]), release="ddp-run", namespace="training").one("PyTorchJob")
     v2 = rendered[path.name]
     job, runtime = v2.one("TrainJob"), v2.one("TrainingRuntime")
+    same_install = f"installId={job['metadata']['annotations']['ddp-trainer/install-id']}"  # as an upgrade
+    v1 = render(merge_values(files=[path], sets=[same_install]), release="ddp-run", namespace="training")
+    v1 = v1.one("PyTorchJob")
     worker = v1["spec"]["pytorchReplicaSpecs"]["Worker"]
     (pytorch,) = worker["template"]["spec"]["containers"]
     node = node_container(runtime)

@@ -25,6 +25,24 @@ Truncated to 52 so that suffixed objects (-config, -dashboard) and the operator'
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The id by which the checkpoint lease knows this job (TRAINER_JOB_ID). A new install is a
+new job, so that it may take a location whose earlier job was superseded there, and an
+upgrade is the same job: `installId`, else the running job's ddp-trainer/install-id
+annotation (lookup, asked only where the cluster serves the job's kind: never under `helm
+template`), else one drawn now, set once for the whole render. */}}
+{{- define "ddp.jobId" -}}
+{{- if not .Values.installId -}}
+{{- $api := ternary "kubeflow.org/v1" "trainer.kubeflow.org/v1alpha1" (eq .Values.jobKind "PyTorchJob") -}}
+{{- $running := dict -}}
+{{- if .Capabilities.APIVersions.Has (printf "%s/%s" $api .Values.jobKind) -}}
+{{- $running = lookup $api .Values.jobKind .Release.Namespace (include "ddp.fullname" .) -}}
+{{- end -}}
+{{- $kept := dig "metadata" "annotations" "ddp-trainer/install-id" "" $running -}}
+{{- $_ := set .Values "installId" (default (randAlphaNum 8 | lower) $kept) -}}
+{{- end -}}
+{{- printf "%s/%s/%s" .Release.Namespace (include "ddp.fullname" .) .Values.installId -}}
+{{- end -}}
+
 {{/* Labels on every object. */}}
 {{- define "ddp.labels" -}}
 helm.sh/chart: {{ include "ddp.chart" . }}

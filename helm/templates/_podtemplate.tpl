@@ -114,7 +114,7 @@ spec:
           value: "1"
         # who holds the checkpoint location's lease: this job, whichever pod or attempt
         - name: TRAINER_JOB_ID
-          value: {{ printf "%s/%s" .Release.Namespace (include "ddp.fullname" .) | quote }}
+          value: {{ include "ddp.jobId" . | quote }}
         # torchrun SIGKILLs its workers this long after SIGTERM (default 30 s): leave the
         # preemption checkpoint the grace period, less time for the kubelet's own SIGKILL
         - name: TORCH_ELASTIC_SHUTDOWN_TIMEOUT

@@ -71,6 +71,10 @@ class ObjectApi(LoopbackApi):
                     and all(item["metadata"].get("labels", {}).get(k) == v for k, v in terms)
                 ]
                 return 200, {"kind": "List", "items": items}
+            if method == "GET" and name:
+                if key not in self.objects:
+                    return 404, status(404, "NotFound", f'{plural} "{name}" not found')
+                return 200, self.objects[key]
             if method == "DELETE" and name:
                 if self.objects.pop(key, None) is None:
                     return 404, status(404, "NotFound", f'{plural} "{name}" not found')
