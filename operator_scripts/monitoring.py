@@ -311,6 +311,25 @@ ALERTS: tuple[Alert, ...] = (
         "{{ $labels.job }}'s newest checkpoint is {{ $value | humanize }} checkpoint intervals old.",
     ),
     Alert(
+        "DDPCheckpointsFallingBehind",
+        "max by (job) (ddp_checkpoint_durable_lag_steps) / max by (job) (ddp_checkpoint_every_steps > 0)",
+        ">",
+        3,
+        "10m",
+        "warning",
+        "{{ $labels.job }}'s store is {{ $value | humanize }} checkpoint intervals behind training: "
+        "saves are skipped or replaced by newer ones (a slow or stuck store).",
+    ),
+    Alert(
+        "DDPCheckpointWriterStuck",
+        "max by (job) (increase(ddp_checkpoint_writer_replacements_total[30m]))",
+        ">",
+        0,
+        "0m",
+        "warning",
+        "{{ $labels.job }} replaced a stuck checkpoint writer {{ $value | humanize }} times in 30 minutes.",
+    ),
+    Alert(
         "DDPRestartsRising",
         "max by (job) (changes(ddp_elastic_restarts[30m]))",
         ">",
