@@ -179,3 +179,48 @@ def test_a_snapshot_taken_at_two_ranks_resumes_a_run_at_one(workdir):
     assert f"step {held} was saved at world size 2, global batch 64" in resumed.stdout
     planned = re.search(r"steps/epoch, (\d+) steps; checkpoints in", resumed.stdout)
     assert planned and f"done: {planned[1]} steps, 3 epochs" in resumed.stdout, resumed.stdout[-3000:]
+
+
+def test_the_pacer_counts_a_snapshots_pause_not_the_time_a_save_waited_for_the_writer(tmp_path):
+    """A window of 100 one-second steps with 2 saves whose CHECKPOINT time is 3.02 s, 3 s of it
+    waiting for a writer that had not taken the state before: the pacer sees 10 ms pauses
+    and proposes the interval those call for (the least, 5), not the one 1.5 s pauses would
+    (the longest it may grow to, 40)."""
+    import logging
+
+    import torch
+
+    from trainer.checkpoint import Checkpointer, LocalStore
+    from trainer.checkpoint.policy import CheckpointPolicy
+    from trainer.config import CheckpointConfig
+    from trainer.distributed.process_group import DistContext
+    from trainer.telemetry.metrics import Metrics
+    from trainer.telemetry.progress import Window
+    from trainer.telemetry.timing import CHECKPOINT, PARTS
+
+    config = CheckpointConfig(
+        uri=str(tmp_path / "store"), async_save=False, snapshot_dir=str(tmp_path / "shm")
+    )
+    context = DistContext(0, 0, 1, 1, 0, 1, 0, "run", "host", False)
+    store = LocalStore(tmp_path / "store")
+    policy = CheckpointPolicy(
+        config, context, torch.device("cpu"), Checkpointer(store, 3, tmp_path / "cache"),
+        logging.getLogger("test"), Metrics(), lineage="l", writer_process=None,
+    )  # fmt: skip
+    policy.stats.last_snapshot_seconds = 0.005
+
+    def window(checkpoint_s: float) -> Window:
+        seen = Window()
+        for step in range(100):
+            seconds = [0.0] * len(PARTS)
+            seconds[0] = 1.0  # a one-second step
+            seconds[CHECKPOINT] = checkpoint_s / 2 if step in (49, 99) else 0.0
+            seen.add_times(seconds)
+        return seen
+
+    policy.stats.wait_seconds_total += 3.0
+    assert policy.proposed_interval(window(3.02)) == AUTO_MIN  # 10 ms pauses
+    assert policy.pacer.costs[0] == pytest.approx(0.01)
+    policy.pacer.costs = None
+    assert policy.proposed_interval(window(3.02)) == 2 * AUTO_FIRST  # no wait now: 1.51 s pauses
+    assert policy.pacer.costs[0] == pytest.approx(1.51)

@@ -16,28 +16,46 @@ import pytest
 from benchmarks.storage_trials import S3Target, writer_stop_trial
 from trainer.checkpoint import Checkpointer, LocalStore
 from trainer.checkpoint.location import open_store
-from trainer.checkpoint.writer import WRITER_MULTIPLE, WRITER_START_S, WriterWatch
+from trainer.checkpoint.writer import STALL_FLOOR_S, WRITER_MULTIPLE, WRITER_START_S, WriterWatch
 from trainer.checkpoint.writer_process import Uploads
-from trainer.checkpoint.writing import Coalesced, Published, SaveRequest, SaveWork
+from trainer.checkpoint.writing import Coalesced, Progress, Published, SaveRequest, SaveWork
 from trainer.config import CheckpointConfig
 
 
 def test_a_writers_silence_limit_is_derived_from_its_reports_with_a_floor():
     watch = WriterWatch(floor_s=30.0)
-    assert watch.silent_s(100.0) == 0.0  # idle: silence is no fault
+    assert watch.stuck(100.0) is None  # idle: silence is no fault
     watch.handed(100.0)
-    for at in (101.0, 109.0, 110.0):  # a slow upload's reports, 8 s apart at most
-        watch.heard(at, still_working=True)
+    for at, done in ((101.0, 1), (109.0, 2), (110.0, 3)):  # a slow upload's reports, 8 s apart at most
+        watch.heard(at, Progress(5, "upload", done, 0, 1), still_working=True)
     assert watch.longest_gap_s == 8.0 and watch.limit() == WRITER_MULTIPLE * 8.0
-    assert watch.silent_s(150.0) == 40.0
+    assert watch.stuck(149.0) is None
+    assert watch.stuck(150.5) == ("silent", 40.5, 40.0)  # frozen: not a word
     quick = WriterWatch(floor_s=30.0)
     quick.handed(0.0)
-    quick.heard(0.5, still_working=False)
-    assert quick.limit() == 30.0 and quick.silent_s(1000.0) == 0.0
+    quick.heard(0.5, None, still_working=False)  # published: idle again
+    assert quick.limit() == 30.0 and quick.stuck(1000.0) is None
     assert WriterWatch(floor_s=30.0, fixed_s=12.0).limit() == 12.0
     starting = WriterWatch(floor_s=30.0)
     starting.expect_start(0.0)  # a new interpreter imports torch first
-    assert starting.silent_s(WRITER_START_S - 1) == 0.0 and starting.silent_s(WRITER_START_S + 31) > 30.0
+    assert starting.stuck(WRITER_START_S - 1) is None and starting.stuck(WRITER_START_S + 31)[0] == "silent"
+
+
+def test_a_writer_that_is_alive_but_makes_no_progress_is_stuck_only_past_botocores_own_patience():
+    """The same report every second (a request the server holds, a kernel wait): not stuck
+    while botocore itself would still wait for the answer, stuck past STALL_FLOOR_S."""
+    watch = WriterWatch(floor_s=30.0)
+    watch.handed(0.0)
+    waiting = Progress(5, "upload", 700_000, 0, 1)
+    for second in range(1, 200):
+        watch.heard(float(second), waiting, still_working=True)
+        verdict = watch.stuck(second + 0.5)
+        if verdict is not None:
+            break
+    assert verdict == ("alive but with no progress", STALL_FLOOR_S + 0.5, STALL_FLOOR_S)
+    assert second == STALL_FLOOR_S + 1
+    watch.heard(200.0, Progress(5, "upload", 700_000, 0, 2), still_working=True)  # a retry: progress
+    assert watch.stuck(200.5) is None
 
 
 class GatedStore(LocalStore):
@@ -100,9 +118,7 @@ def test_a_writer_stopped_mid_upload_costs_training_seconds_and_is_replaced(s3_b
     assert trial.stopped_step is not None, trial
     assert trial.steps_s is not None and trial.steps_s < 20, trial
     assert trial.named_s is not None and trial.named_s < 60, trial
-    assert (
-        "replacing it" in trial.named["message"] and trial.named["silent_s"] >= trial.named["limit_s"] >= 10
-    )
+    assert "replacing it" in trial.named["message"] and trial.named["stuck_s"] >= trial.named["limit_s"] >= 10
     assert trial.old_writer_gone, trial
     assert trial.skip_lines == 1, trial  # one line for the streak, not one per skipped save
     assert trial.code == 0 and trial.store_step == trial.final_step == 400, trial

@@ -17,6 +17,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer.checkpoint import Checkpointer, open_store, rng
 from trainer.checkpoint.lease import Lease, job_id
+from trainer.checkpoint.manager import LATEST_FILE
 from trainer.checkpoint.policy import NotDurable
 from trainer.checkpoint.writer_process import writer_lock
 from trainer.checkpoint.writer_start import WriterHandle, spawn_writer
@@ -192,6 +193,16 @@ class Prepared:
     checkpointer: Checkpointer
     lineage: str | None = None
     lease: Lease | None = None
+    latest_at_start: tuple[bytes, str] | None = None  # latest.json as the lease was taken
+
+    def let_go(self) -> None:
+        """Release the lease; a run that published nothing gives it back as it found it."""
+        if self.lease is None:
+            return
+        if self.checkpointer.store.get_versioned(LATEST_FILE) == self.latest_at_start:
+            self.lease.give_back()
+        else:
+            self.lease.release()
 
 
 def prepare(config: Config, context: DistContext, stop: StopSignal) -> Prepared:
@@ -223,10 +234,9 @@ def prepare(config: Config, context: DistContext, stop: StopSignal) -> Prepared:
         try:
             checkpointer.store.clean_staging(checkpointer.cache)
             refuse_overwrite(config, checkpointer)
-            if (
-                prepared.lease is not None
-            ):  # a superseded run's late write of latest.json is refused from now on
-                checkpointer.fence_latest()
+            prepared.latest_at_start = checkpointer.store.get_versioned(LATEST_FILE)
+            if prepared.lease is not None and prepared.lease.took_over:
+                checkpointer.fence_latest()  # the superseded run's late write of it is refused from now on
             prepared.lineage = checkpointer.lineage(fresh=not config.checkpoint.resume)
         except BaseException:
             if prepared.lease is not None:
@@ -259,8 +269,7 @@ def _train(
     try:
         return _train_in_group(config, context, logger, writer, heartbeat, stop, prepared)
     finally:
-        if prepared.lease is not None:
-            prepared.lease.release()
+        prepared.let_go()
 
 
 def _train_in_group(

@@ -108,6 +108,7 @@ class Lease:
         self.version: str | None = None
         self.lost_to: str | None = None
         self._found: bytes | None = None  # the lease as acquire found it, for `give_back`
+        self.took_over = False  # from another job, whose lease had gone stale
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -136,7 +137,7 @@ class Lease:
             if taken_over:
                 self.superseded = [*self.superseded, holder.get("job")][-SUPERSEDED_KEPT:]
             if self._write(None if current is None else current[1]):
-                self._found = None if current is None else current[0]
+                self._found, self.took_over = (None if current is None else current[0]), taken_over
                 if taken_over:
                     log.warning(
                         "took over the checkpoint lease of %s: its owner died (%s); that job may write "

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import os
 import pickle
+import shutil
 import signal
 import threading
 import time
@@ -56,6 +57,7 @@ from trainer.telemetry.log import event
 WATCH_POLL_S = 1.0
 WRITER_MULTIPLE = 5.0  # times the longest silence seen between a working writer's reports
 WRITER_START_S = 120.0  # a new writer's allowance to start (a new interpreter imports torch)
+STALL_FLOOR_S = 90.0  # botocore's read timeout (60 s), then a margin: docs/facts.md, "botocore's timeouts"
 
 
 @dataclass
@@ -82,36 +84,57 @@ class CheckpointStats:
 
 @dataclass
 class WriterWatch:
-    """How long a writer with work may stay silent: `WRITER_MULTIPLE` times the longest gap
-    seen between its reports while it worked, at least `floor_s`; or a fixed `fixed_s`."""
+    """When a writer with work is stuck. Silent (no report at all: its process is frozen,
+    stopped, or holds its GIL): after `WRITER_MULTIPLE` times the longest gap seen between
+    its reports while it worked, at least `floor_s`, or a fixed `fixed_s`. Alive but making
+    no progress (the same report again and again: a request the server never answers, a
+    kernel wait): after that or STALL_FLOOR_S, whichever is longer, as botocore gives up on
+    an unanswered request itself after its read timeout and retries."""
 
     floor_s: float
     fixed_s: float | None = None
     heard_at: float = 0.0
+    progressed_at: float = 0.0
     longest_gap_s: float = 0.0
     working: bool = False
+    last: Progress | None = None
 
     def limit(self) -> float:
         if self.fixed_s is not None:
             return self.fixed_s
         return max(self.floor_s, WRITER_MULTIPLE * self.longest_gap_s)
 
-    def handed(self, now: float) -> None:
-        """Work was handed over: an idle writer's silence counts from now."""
-        if not self.working:
-            self.working, self.heard_at = True, now
+    def stall_limit(self) -> float:
+        return max(self.limit(), STALL_FLOOR_S)
 
-    def heard(self, now: float, still_working: bool) -> None:
-        if self.working:  # a start's allowance (heard_at ahead of now) is no gap
-            self.longest_gap_s = max(self.longest_gap_s, now - self.heard_at)
-        self.heard_at, self.working = now, still_working
+    def handed(self, now: float) -> None:
+        """Work was handed over: an idle writer's clocks start now."""
+        if not self.working:
+            self.working, self.heard_at, self.progressed_at = True, now, now
 
     def expect_start(self, now: float) -> None:
         """A new writer is starting: it may be silent for WRITER_START_S more."""
-        self.working, self.heard_at = True, now + WRITER_START_S
+        self.working, self.heard_at, self.progressed_at = True, now + WRITER_START_S, now + WRITER_START_S
 
-    def silent_s(self, now: float) -> float:
-        return max(0.0, now - self.heard_at) if self.working else 0.0
+    def heard(self, now: float, progress: Progress | None, still_working: bool) -> None:
+        """A report: `progress` where it says where the work stands (None: an event that is
+        progress by itself, a stage or a publish done)."""
+        if self.working:  # a start's allowance (heard_at ahead of now) is no gap
+            self.longest_gap_s = max(self.longest_gap_s, now - self.heard_at)
+        if progress is None or progress != self.last:
+            self.progressed_at = now
+        self.last = progress or self.last
+        self.heard_at, self.working = now, still_working
+
+    def stuck(self, now: float) -> tuple[str, float, float] | None:
+        """How the writer is stuck (its words, for how long, against what limit), or None."""
+        if not self.working:
+            return None
+        if (silent := now - self.heard_at) > self.limit():
+            return "silent", silent, self.limit()
+        if (stalled := now - self.progressed_at) > self.stall_limit():
+            return "alive but with no progress", stalled, self.stall_limit()
+        return None
 
 
 class CheckpointWriter:
@@ -317,15 +340,15 @@ class CheckpointWriter:
     # ----- the writer's watch --------------------------------------------------------------
 
     def _watch_loop(self) -> None:
-        """Replace a writer that has work and has been silent past its limit."""
+        """Replace a writer that has work and is stuck (silent, or alive with no progress)."""
         while not self._closing.wait(WATCH_POLL_S):
             with self._lock:
-                silent, limit = self.watch.silent_s(time.monotonic()), self.watch.limit()
+                verdict = self.watch.stuck(time.monotonic())
                 process = self._process
-            if process is not None and silent > limit:
-                self._replace(process, silent, limit)
+            if process is not None and verdict is not None:
+                self._replace(process, *verdict)
 
-    def _replace(self, process: WriterHandle, silent_s: float, limit_s: float) -> None:
+    def _replace(self, process: WriterHandle, how: str, for_s: float, limit_s: float) -> None:
         """Name the stuck writer, stop it for good, abort its open uploads, and hand its
         work to a new one: the state it had not taken, and the newest checkpoint it staged."""
         last = self._last_progress
@@ -337,10 +360,10 @@ class CheckpointWriter:
             else f" ({last.phase}, {_size(last.done)}{_of(last.total)} done, attempt {last.attempt})"
         )
         self.log.error(
-            "checkpoint writer stuck on step %s%s: silent for %.0fs (limit %.0fs); replacing it",
-            step, doing, silent_s, limit_s,
-            extra={"event": "writer_stuck", "fields": {"step": step, "silent_s": round(silent_s, 1),
-                                                       "limit_s": round(limit_s, 1)}},
+            "checkpoint writer stuck on step %s%s: %s for %.0fs (limit %.0fs); replacing it",
+            step, doing, how, for_s, limit_s,
+            extra={"event": "writer_stuck", "fields": {"step": step, "stuck_s": round(for_s, 1),
+                                                       "limit_s": round(limit_s, 1), "how": how}},
         )  # fmt: skip
         with self._lock:
             self._process = None  # its end is no death now
@@ -359,8 +382,8 @@ class CheckpointWriter:
             self._process = replacement
             self.watch.expect_start(time.monotonic())
         self._begin(replacement)
-        if newest is not None:
-            self._send(replacement, Republish(self._durable[newest], Path(self._staged_durable.pop(newest))))
+        if newest is not None:  # its folder stays until the step is over, should this one stick too
+            self._send(replacement, Republish(self._durable[newest], Path(self._staged_durable[newest])))
         if self._handed is not None:  # its file's name is gone: the state goes in a new one
             request, shared = self._handed
             self._handed = (request, self._buffer.rehome(shared))
@@ -382,9 +405,10 @@ class CheckpointWriter:
 
     def _on_event(self, happened: Event) -> None:
         with self._lock:
-            if isinstance(happened, Progress):
-                self._last_progress = happened
-            self.watch.heard(time.monotonic(), still_working=True)
+            progress = happened if isinstance(happened, Progress) else None
+            if progress is not None and progress.phase != "ready":
+                self._last_progress = progress
+            self.watch.heard(time.monotonic(), progress, still_working=True)
         if isinstance(happened, Staged):
             self._on_staged(happened)
         elif isinstance(happened, AttemptFailed):
@@ -433,12 +457,15 @@ class CheckpointWriter:
         self._end_durable(happened.step)
 
     def _end_durable(self, step: int) -> None:
-        """A durable save is over (published, failed or replaced)."""
+        """A durable save is over (published, failed or replaced); a folder a replaced writer
+        staged for it goes too (a writer's own publish consumes what it staged)."""
         with self._lock:
             self._durable.pop(step, None)
-            self._staged_durable.pop(step, None)
+            staged = self._staged_durable.pop(step, None)
             if not self._durable:
                 self._durable_idle.set()
+        if staged:
+            shutil.rmtree(staged, ignore_errors=True)
 
     def _on_staged(self, staged: Staged) -> None:
         stats = self.stats

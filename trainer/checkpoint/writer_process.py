@@ -36,7 +36,7 @@ from trainer.checkpoint.location import open_store
 from trainer.checkpoint.manager import Checkpointer
 from trainer.checkpoint.shared_state import SharedStateReader
 from trainer.checkpoint.snapshots import SnapshotDir
-from trainer.checkpoint.writing import Coalesced, Event, Progress, SaveRequest, SaveWork
+from trainer.checkpoint.writing import PROGRESS_EVERY_S, Coalesced, Event, Progress, SaveRequest, SaveWork
 from trainer.config import CheckpointConfig
 
 WRITER_NICENESS = 10
@@ -131,6 +131,8 @@ def serve(inbox: BinaryIO, outbox: BinaryIO) -> None:
     reader = SharedStateReader()
     with writer_lock(setup.cache, LOCK_WAIT_S):
         emit(Progress(0, "ready", 0, 0))  # started: the training process's watch hears it
+        beating = threading.Event()
+        threading.Thread(target=_heartbeat, args=(work, emit, beating), name="progress", daemon=True).start()
         uploads = Uploads(work, emit)
         while (message := _receive(inbox)) is not None:
             if isinstance(message, Republish):
@@ -141,6 +143,15 @@ def serve(inbox: BinaryIO, outbox: BinaryIO) -> None:
             if staged is not None:
                 uploads.offer(staged, request)
         uploads.close()
+        beating.set()
+
+
+def _heartbeat(work: SaveWork, emit: Callable[[Event], None], stop: threading.Event) -> None:
+    """Where the work stands, every PROGRESS_EVERY_S while there is work: a writer that is
+    alive says so even while a request waits on the server, and a frozen one says nothing."""
+    while not stop.wait(PROGRESS_EVERY_S):
+        if (current := work.current()) is not None:
+            emit(current)
 
 
 def _counting_sends(work: SaveWork) -> Callable[[str, tuple], None]:
@@ -157,10 +168,9 @@ def _counting_sends(work: SaveWork) -> Callable[[str, tuple], None]:
 
 
 def _adopted(durable: Checkpointer, message: Republish) -> Path:
-    """The replaced writer's staged folder, as this writer's own (hard links), then gone."""
-    staged = durable.adopt(message.request.step, message.staged)
-    shutil.rmtree(message.staged, ignore_errors=True)
-    return staged
+    """The replaced writer's staged folder, as this writer's own (hard links: the training
+    process removes the original once the step is over)."""
+    return durable.adopt(message.request.step, message.staged)
 
 
 @contextmanager

@@ -13,7 +13,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ class PublishFailed:
 
 
 Event = Staged | Progress | Coalesced | AttemptFailed | Published | PublishFailed
-PROGRESS_EVERY_S = 0.5  # the most often a writer reports its bytes
+PROGRESS_EVERY_S = 1.0  # a writer with work says where it stands this often (its heartbeat)
 
 
 class SaveWork:
@@ -107,32 +107,37 @@ class SaveWork:
     ) -> None:
         self.durable, self.snapshots, self.attempts = durable, snapshots, attempts
         self.report, self.sleep = report, sleep
-        # the step being staged and the one being uploaded, at once in a writer process
-        self._staging, self._uploading, self._attempt, self._reported_at = 0, 0, 0, 0.0
-        self._sent = 0  # bytes of the current upload attempt on the wire (`sent`)
+        # what is being staged and what uploaded (at once, in a writer process): `current`
+        self._activity: dict[str, Progress] = {}
         self._lock = threading.Lock()
         for checkpointer in (durable, snapshots):
             if checkpointer is not None:
                 checkpointer.progress = self._bytes
 
+    def current(self) -> Progress | None:
+        """Where the work stands: the upload in flight, else the stage; None when idle."""
+        with self._lock:
+            return self._activity.get("upload") or self._activity.get("stage")
+
     def sent(self, nbytes: int) -> None:
         """Bytes of the upload in flight that reached the network."""
         with self._lock:
-            self._sent += nbytes
-            sent = self._sent
-        self._bytes("upload", sent, 0)
+            if (upload := self._activity.get("upload")) is not None:
+                self._activity["upload"] = replace(upload, done=upload.done + nbytes)
 
     def _bytes(self, phase: str, done: int, total: int) -> None:
-        """A checkpointer's bytes, reported at most every PROGRESS_EVERY_S (the upload's
-        callback comes from several threads)."""
-        now = time.monotonic()
+        """A checkpointer's bytes in a phase of staging (serialize, hash) or of the upload."""
         with self._lock:
-            if now - self._reported_at < PROGRESS_EVERY_S:
-                return
-            self._reported_at = now
-        upload = phase == "upload"
-        step = self._uploading if upload else self._staging
-        self.report(Progress(step, phase, done, total, self._attempt if upload else 0))
+            kind = "upload" if phase == "upload" else "stage"
+            if (now := self._activity.get(kind)) is not None:
+                self._activity[kind] = replace(now, phase=phase, done=done, total=total)
+
+    def _begin(self, kind: str, progress: Progress | None) -> None:
+        with self._lock:
+            if progress is None:
+                self._activity.pop(kind, None)
+            else:
+                self._activity[kind] = progress
 
     def stage(self, state: dict[str, Any], request: SaveRequest) -> Path | None:
         """Write the snapshot and stage the durable checkpoint; the staging folder, if any.
@@ -140,8 +145,7 @@ class SaveWork:
         started = time.perf_counter()
         snapshot_path, staged = None, None
         size, error = 0, ""
-        self._staging = request.step
-        self.report(Progress(request.step, "stage", 0, 0))
+        self._begin("stage", Progress(request.step, "stage", 0, 0))
         if request.snapshot and self.snapshots is not None:
             try:
                 self.snapshots.keep_newest(1)  # the newest intact one stays while the next is written
@@ -165,6 +169,7 @@ class SaveWork:
             self.report(AttemptFailed(request.step, 1, 1, str(failure)))
             self.report(PublishFailed(request.step, 1))
         finally:
+            self._begin("stage", None)
             self.report(Staged(request.step, size, snapshot_seconds, error, str(staged or "")))
         return staged
 
@@ -177,8 +182,7 @@ class SaveWork:
         try:
             for attempt in range(1, self.attempts + 1):
                 spare: Path | None = None
-                self._uploading, self._attempt, self._sent = request.step, attempt, 0
-                self.report(Progress(request.step, "upload", 0, 0, attempt))
+                self._begin("upload", Progress(request.step, "upload", 0, 0, attempt))
                 try:
                     spare = self.durable.adopt(request.step, staged) if attempt < self.attempts else staged
                     saved = self.durable.commit(request.step, spare, started)
@@ -196,4 +200,5 @@ class SaveWork:
                 return
             self.report(PublishFailed(request.step, self.attempts))
         finally:
+            self._begin("upload", None)
             shutil.rmtree(staged, ignore_errors=True)
