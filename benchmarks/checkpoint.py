@@ -160,9 +160,10 @@ def measure_stall(
     quiet.propagate = False
     config = checkpointer_config(checkpointer)
     sync = CheckpointWriter(checkpointer, replace(config, async_save=False), quiet, cache=checkpointer.cache)
-    background = CheckpointWriter(
-        checkpointer, replace(config, async_save=True), quiet, cache=checkpointer.cache
-    )
+    # a prefix of its own: two writers on one latest.json would each find the other's writes
+    apart = replace(config, async_save=True, uri=f"{config.uri}-background")
+    elsewhere = Checkpointer(open_store(apart), checkpointer.keep_last, checkpointer.cache)
+    background = CheckpointWriter(elsewhere, apart, quiet, cache=checkpointer.cache)
     for writer in (sync, background):
         writer.start(None)
     background.save(state, step=1, epoch=0, world_size=1, durable=True)  # the writer warms up
@@ -206,7 +207,8 @@ def measure_upload(
     def ours(round_: int) -> None:
         staging = store.staging(round_, scratch)
         os.link(reference, staging / "checkpoint.pt")
-        store.publish(round_, staging, ["checkpoint.pt"])
+        (staging / "manifest.json").write_bytes(b"{}")  # the small file that names the step, last
+        store.publish(round_, staging, ["checkpoint.pt", "manifest.json"], None)
 
     def plain(extra: dict) -> Callable[[int], None]:
         def upload(round_: int) -> None:

@@ -113,20 +113,18 @@ def test_freezing_a_node_that_both_answers_and_is_deleted_is_refused_in_one_line
     ]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_a_frozen_nodes_pod_is_evicted_then_recreated_when_its_node_answers_and_the_job_succeeds(tmp_path):
-    """The chart's two CPU pods (fixed size: `--nnodes=2`), pod 1's node frozen once both hold a
-    snapshot of step 20, with a 3 s grace period and the chart's toleration set to 2 s; it
-    answers 15 s after it froze. Meanwhile pod 0 names it lost and waits (its bounds need
-    two nodes); no probe kills anything; the control plane's steps come at their times by
-    the test's clock; the evicted pod is ended and re-created, and the job succeeds at world
-    size 2 again."""
-    grace_s, toleration_s, back_s = 3.0, 2.0, 15.0
+GRACE_S, TOLERATION_S, BACK_S = 3.0, 2.0, 15.0
+
+
+def frozen_node_job(tmp_path, index: int):
+    """The chart's two CPU pods (fixed size: `--nnodes=2`); pod `index`'s node frozen once
+    both hold a snapshot of step 20, with a 3 s grace period and the chart's toleration set to
+    2 s; it answers 15 s after it froze. The outcome, the control plane's lines with the
+    test's clock, the moment of the freeze, and each pod's log."""
     values = merge_values(
         files=[CPU_VALUES],
         sets=[
-            f"metrics.port={free_port()},nodeLoss.tolerationSeconds={toleration_s:g}",
+            f"metrics.port={free_port()},nodeLoss.tolerationSeconds={TOLERATION_S:g}",
             "trainer.config.data.name=plugins:slow_digits,trainer.config.data.options.delay_s=0.002,"
             "trainer.config.train.max_steps=150,trainer.config.checkpoint.every_steps=1000,"
             "trainer.config.log.every_steps=10,trainer.config.log.format=json",
@@ -140,9 +138,8 @@ def test_a_frozen_nodes_pod_is_evicted_then_recreated_when_its_node_answers_and_
     def freeze_once_snapshotted(pods) -> None:
         if not frozen and min(max(pod_snapshot_steps(pod.folder), default=0) for pod in pods) >= 20:
             frozen.append(time.monotonic())
-            lose_node(
-                pods[1], NodeLossPlan(pods[1].name, 0.0, back_after_s=back_s), frozen[0], grace_s, started
-            )
+            plan = NodeLossPlan(pods[index].name, 0.0, back_after_s=BACK_S)
+            lose_node(pods[index], plan, frozen[0], GRACE_S, started)
 
     outcome = run(
         rendered.objects,
@@ -154,33 +151,65 @@ def test_a_frozen_nodes_pod_is_evicted_then_recreated_when_its_node_answers_and_
         host_env=process_env({"PYTHONPATH": os.pathsep.join([str(REPO), str(HELPERS)])}),
     )
     logs = {name: path.read_text() for name, path in outcome.logs.items()}
+    assert outcome.status == "Succeeded", (
+        [line for _, line in notes],
+        {k: v[-2000:] for k, v in logs.items()},
+    )
+    assert frozen and (outcome.recreations, outcome.restarts) == (1, 0), notes
+    assert not [line for _, line in notes if "probes failed" in line], (
+        notes
+    )  # a frozen kubelet probes nothing
+    return outcome, notes, frozen[0], logs
+
+
+def records_of(log: str) -> list[dict]:
+    return [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_frozen_nodes_pod_is_evicted_then_recreated_when_its_node_answers_and_the_job_succeeds(tmp_path):
+    """Pod 1's node freezes. Pod 0 names it lost and waits (its bounds need two nodes); the
+    control plane's steps come at their times by the test's clock; the evicted pod is ended
+    and re-created, and the job succeeds at world size 2 again."""
+    _, notes, frozen_at, logs = frozen_node_job(tmp_path, 1)
     said = [line for _, line in notes]
-    assert outcome.status == "Succeeded", (said, {k: v[-2000:] for k, v in logs.items()})
-    assert frozen and (outcome.recreations, outcome.restarts) == (1, 0), said
-    assert not [line for line in said if "probes failed" in line], said  # a frozen kubelet probes nothing
 
     def at(text: str) -> float:
-        return next(when for when, line in notes if text in line) - frozen[0]
+        return next(when for when, line in notes if text in line) - frozen_at
 
     worker_1 = "ddp-run-ddp-trainer-worker-1"
-    assert grace_s <= at(f"node of pod {worker_1}: no status for 3s") < grace_s + 1, said
-    assert (
-        grace_s + toleration_s
-        <= at(f"pod {worker_1} evicted after its 2s toleration")
-        < grace_s + toleration_s + 1
-    )
-    assert back_s <= at(f"node of pod {worker_1} answers again") < back_s + 1, said
+    assert GRACE_S <= at(f"node of pod {worker_1}: no status for 3s") < GRACE_S + 1, said
+    evicted = at(f"pod {worker_1} evicted after its 2s toleration")
+    assert GRACE_S + TOLERATION_S <= evicted < GRACE_S + TOLERATION_S + 1, said
+    assert BACK_S <= at(f"node of pod {worker_1} answers again") < BACK_S + 1, said
     assert (
         at(f"pod {worker_1} deleted (evicted from its unreachable node); the operator creates it anew")
-        > back_s
+        > BACK_S
     )
 
-    records = [
-        json.loads(line) for line in logs["ddp-run-ddp-trainer-worker-0"].splitlines() if line.startswith("{")
-    ]
+    records = records_of(logs["ddp-run-ddp-trainer-worker-0"])
     lost = [r for r in records if r.get("event") == "node_lost"]
     assert lost and lost[0]["node"] == 1 and not lost[0]["goes_on"], lost
     assert "(--nnodes=2) do not allow training on 1 node" in lost[0]["message"]
     assert [r["world_size"] for r in records if r.get("event") == "start"][-1] == 2
     resumed = re.findall(r'"resumed_from": (\d+)', logs["ddp-run-ddp-trainer-worker-0"])
     assert resumed and int(resumed[-1]) >= 20
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_frozen_rendezvous_hosts_pod_is_waited_for_and_the_job_goes_on_once_it_is_recreated(tmp_path):
+    """Pod 0's node freezes: it holds the rendezvous store. Pod 1 names the store's host lost;
+    its name stops resolving once its node is NotReady, so pod 1's ddp-launch waits for it,
+    in one line, and starts torchrun again once the re-created pod 0 runs; the job succeeds."""
+    _, notes, _, logs = frozen_node_job(tmp_path, 0)
+    pod_1 = logs["ddp-run-ddp-trainer-worker-1"]
+    lost = [r for r in records_of(pod_1) if r.get("event") == "node_lost"]
+    assert lost and lost[0]["node"] == 0 and "the rendezvous host" in lost[0]["message"], pod_1[-3000:]
+    waits = [line for line in pod_1.splitlines() if "ddp-launch: waiting for the rendezvous host" in line]
+    assert len(waits) == 1, pod_1[-3000:]  # one line, however long the wait
+    assert "ddp-launch: rendezvous host ddp-run-ddp-trainer-worker-0 resolves; starting torchrun" in pod_1
+    assert any("pod ddp-run-ddp-trainer-worker-0 deleted (evicted" in line for _, line in notes), notes
+    starts = [r for r in records_of(logs["ddp-run-ddp-trainer-worker-0"]) if r.get("event") == "start"]
+    assert starts[-1]["world_size"] == 2 and starts[-1]["resumed_from_step"] >= 20

@@ -69,10 +69,12 @@ def test_two_rank_demo_run(workdir, tmp_path):
     assert len(state["rng"]) == 2 and state["config"]["train"]["epochs"] == 4
     assert sorted(p.name for p in checkpoints.iterdir()) == [
         "latest.json",
+        "lease.json",  # released: its epoch stays for the next run
         "lineage.json",
         "step-40",
         "step-76",
     ]
+    assert json.loads((checkpoints / "lease.json").read_text())["released_at"]
 
 
 def test_python_m_trainer_runs_as_a_world_of_one(workdir):

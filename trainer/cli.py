@@ -270,6 +270,7 @@ def _train(
         return _train_in_group(config, context, logger, writer, heartbeat, stop, prepared)
     finally:
         prepared.let_go()
+        stop.uninstall()  # the run is over: a signal now ends the process at once, quietly
 
 
 def _train_in_group(

@@ -72,13 +72,14 @@ class StopSignal:
     def install(self) -> None:
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._handle)
-        atexit.register(self._uninstall)
+        atexit.register(self.uninstall)
 
     @staticmethod
-    def _uninstall() -> None:
-        """Once the interpreter exits, a signal ends the process as by default: raised in
-        an exit callback (torch's library finalizers), SystemExit would print a traceback of
-        a process that was ending anyway (seen when torchrun stopped a rank as it exited)."""
+    def uninstall() -> None:
+        """Once the run is over, a signal ends the process as by default: raised in an exit
+        callback (torch's library finalizers, tqdm's monitor, which registers after us and so
+        runs before our own exit callback), SystemExit would print a traceback of a process
+        that was ending anyway (seen when torchrun stopped a rank as it exited)."""
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_DFL)
 
