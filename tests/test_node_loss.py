@@ -124,7 +124,8 @@ def frozen_node_job(tmp_path, index: int):
     values = merge_values(
         files=[CPU_VALUES],
         sets=[
-            f"metrics.port={free_port()},nodeLoss.tolerationSeconds={TOLERATION_S:g}",
+            # the store on a shared claim: a re-created pod's emptyDirs start empty
+            f"metrics.port={free_port()},nodeLoss.tolerationSeconds={TOLERATION_S:g},checkpoints.existingClaim=ckpt",
             "trainer.config.data.name=plugins:slow_digits,trainer.config.data.options.delay_s=0.002,"
             "trainer.config.train.max_steps=150,trainer.config.checkpoint.every_steps=1000,"
             "trainer.config.log.every_steps=10,trainer.config.log.format=json",
