@@ -63,9 +63,10 @@ class GatedStore(LocalStore):
 
     def __init__(self, root):
         super().__init__(root)
-        self.gate = threading.Event()
+        self.gate, self.entered = threading.Event(), threading.Event()
 
     def publish(self, step, staging, order, expected, progress=lambda done: None):
+        self.entered.set()
         self.gate.wait(30)
         super().publish(step, staging, order, expected, progress)
 
@@ -86,6 +87,7 @@ def test_of_the_checkpoints_staged_during_an_upload_only_the_newest_is_written(t
     for step in (10, 20, 30):  # 10 uploads; 20 waits; 30 replaces it
         request = SaveRequest(step, 0, 1, snapshot=False, durable=True)
         uploads.offer(work.stage({"model": {}}, request), request)
+        assert store.entered.wait(30)  # the upload of 10 is under way before the others come
     store.gate.set()
     assert done.wait(30)
     uploads.close()

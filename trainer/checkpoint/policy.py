@@ -150,11 +150,13 @@ class CheckpointPolicy:
         epoch: int,
         wait_s: float,
         durable: bool = True,
+        patient: bool = True,
     ) -> None:
         """Every rank contributes its RNG state; rank 0 writes the durable checkpoint if
         `durable`, and with snapshots on, every node's first rank its snapshot. `state`
         builds the saved tree around the gathered RNG streams, only on a rank that writes.
-        Each waits at most `wait_s` for the writes before it."""
+        Each waits at most `wait_s` for the writer to take the state before (`patient`:
+        even while saves are being skipped; see CheckpointWriter.save)."""
         if durable:
             self.last_durable_step = step
         self.last_save_step = step
@@ -163,8 +165,9 @@ class CheckpointPolicy:
             return
         world_size = self.context.world_size
         self.writer.save(
-            state(rng_states), step=step, epoch=epoch, world_size=world_size, durable=durable, wait_s=wait_s
-        )
+            state(rng_states), step=step, epoch=epoch, world_size=world_size, durable=durable, wait_s=wait_s,
+            patient=patient,
+        )  # fmt: skip
 
     def _gather_rng(self) -> torch.Tensor:
         """Every rank's RNG streams, `[world_size, rng.PACKED_BYTES]`, on every rank: one

@@ -217,14 +217,16 @@ class CheckpointWriter:
         world_size: int,
         durable: bool,
         wait_s: float | None = None,
+        patient: bool = True,
     ) -> bool:
         """Copy `state` now and hand it to the writer: a snapshot if this node keeps them,
         the durable checkpoint if `durable`. The copy waits for the writer to have taken the
         state before, for at most `wait_s` (None: as long as it takes); past that the save
-        is skipped (one line)."""
+        is skipped (one line). While saves are being skipped, one that is not `patient` (a
+        regular save; the run's end and a stop are) is skipped at once."""
         durable = durable and self.durable is not None
         started = time.perf_counter()
-        ready = self._staged.wait(0 if self._skipped and wait_s is not None else wait_s)
+        ready = self._staged.wait(0 if self._skipped and not patient else wait_s)
         self.stats.wait_seconds_total += time.perf_counter() - started
         if not ready:  # the first of a streak waited its bound; the rest see at once
             self.stats.skipped_total += 1

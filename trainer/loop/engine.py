@@ -282,7 +282,8 @@ class Trainer:
             if durable or self.checkpoints.snapshot_due(progress.step):
                 self._report_progress()
                 with lapped(self.clock, CHECKPOINT):  # the end's save may wait; no other does long
-                    self._save(wait_s=self.solo_budget_s if done else self.save_wait_s, durable=durable)
+                    wait_s = self.solo_budget_s if done else self.save_wait_s
+                    self._save(wait_s=wait_s, durable=durable, patient=done)
             if epoch_done or done:
                 return
 
@@ -376,7 +377,7 @@ class Trainer:
 
     # ----- saving and restoring --------------------------------------------------------
 
-    def _save(self, wait_s: float, *, durable: bool = True) -> None:
+    def _save(self, wait_s: float, *, durable: bool = True, patient: bool = True) -> None:
         """This step's state to the writers: durable on rank 0, or only the snapshots. The
         pause may include waiting for the write in flight, for up to `wait_s`: the watchdog
         allows for that on top of a save's usual time."""
@@ -391,6 +392,7 @@ class Trainer:
                 epoch=progress.epoch,
                 wait_s=wait_s,
                 durable=durable,
+                patient=patient,
             )
 
     def _save_at_stop(self, stopped: Stopped) -> None:
