@@ -111,8 +111,10 @@ def render(
 
     check_chart_keys(values or {})
     check_trainer_config(values or {})
-    # one install id for both renders below (the chart would draw one in each)
-    values = {**(values or {}), "installId": (values or {}).get("installId") or secrets.token_hex(4)}
+    # one install id for both renders below (the chart would draw one in each); it starts with
+    # a letter, as the chart's own do, so that `--set installId=<it>` stays a string
+    install_id = (values or {}).get("installId") or f"i{secrets.token_hex(4)[:7]}"
+    values = {**(values or {}), "installId": install_id}
     chart = Chart.load(CHART_DIR)
     result = Config().install(chart, release, values or {}, namespace=namespace, dry_run="client")
     manifest = pre_install_hooks(chart, values or {}, release, namespace) + result["manifest"]

@@ -439,10 +439,15 @@ def test_each_install_is_a_job_of_its_own_and_an_install_id_pins_it():
     first, second = (render(merge_values(sets=["gpus=8"]), release="r", namespace="ns") for _ in range(2))
     (annotation, job_id), (other, _) = job_ids(first), job_ids(second)
     assert job_id == f"ns/r-ddp-trainer/{annotation}" and annotation != other
+    # a drawn id starts with a letter: `--set installId=<it>` on the next upgrade stays a string
+    assert re.fullmatch(r"[a-z][a-z0-9]{7}", annotation)
     pinned = render(merge_values(sets=["gpus=8,installId=abc123"]), release="r", namespace="ns")
     assert job_ids(pinned) == ("abc123", "ns/r-ddp-trainer/abc123")
-    with pytest.raises(HelmError, match="installId"):
-        render(merge_values(sets=["gpus=8,installId=Not/Valid"]), release="r", namespace="ns")
+    upgraded = render(merge_values(sets=[f"gpus=8,installId={annotation}"]), release="r", namespace="ns")
+    assert job_ids(upgraded) == (annotation, job_id)
+    for refused in ("Not/Valid", "1234abcd"):
+        with pytest.raises(HelmError, match="installId"):
+            render(merge_values(sets=[f"gpus=8,installId={refused}"]), release="r", namespace="ns")
 
 
 def test_helm_itself_draws_one_install_id_per_render_and_asks_no_cluster_under_template():
@@ -456,5 +461,5 @@ def test_helm_itself_draws_one_install_id_per_render_and_asks_no_cluster_under_t
     (job,) = [item for item in objects if item["kind"] == "PyTorchJob"]
     annotation = job["metadata"]["annotations"]["ddp-trainer/install-id"]
     assert re.fullmatch(
-        r"[a-z0-9]{8}", annotation
+        r"[a-z][a-z0-9]{7}", annotation
     ) and f"value: ns/r-ddp-trainer/{annotation}" in yaml.safe_dump(job)

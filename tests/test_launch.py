@@ -4,25 +4,21 @@ waited for, and the pods' name resolution that `ddp-ops local` gives them."""
 from __future__ import annotations
 
 import io
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import process_env
+from conftest import free_port, process_env
 
 from operator_scripts.local_pods import HostsTable, LocalError
 from operator_scripts.process_runtime import check_sandbox, sandbox_command
-from trainer.distributed.launch import (
-    RendezvousWaitLine,
-    nnodes,
-    parse_args,
-    relay,
-    rendezvous_host,
-    trainer_arguments,
-)
+from trainer.distributed.launch import RendezvousWaitLine, nnodes, parse_args, relay, trainer_arguments
 from trainer.distributed.recurrence import CRASH_DIR_ENV, Crash, RecurringCrash, check_recurrence
+from trainer.distributed.rendezvous_host import StoreProbe, rendezvous_host, store_address
 
 TRAINER = ["-m", "trainer", "--config", "digits", "--set", "train.epochs=1"]
 
@@ -49,6 +45,53 @@ def test_options_and_the_trainers_arguments_are_split_at_the_double_dash():
 )  # fmt: skip
 def test_the_host_a_pod_waits_for(args, env, expected):
     assert rendezvous_host(args, env) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        ([], {"PET_RDZV_ENDPOINT": "localhost:23456"}, ("localhost", "23456")),  # this host's, still asked
+        ([], {"PET_MASTER_ADDR": "job-master-0", "PET_NODE_RANK": "0"}, ("job-master-0", "29500")),
+        (["--standalone"], {"PET_RDZV_ENDPOINT": "job-worker-0:23456"}, None),
+    ],
+)  # fmt: skip
+def test_the_store_a_lost_host_is_waited_for_at(args, env, expected):
+    assert store_address(args, env) == expected
+
+
+@pytest.mark.slow
+def test_a_store_probe_answers_while_its_server_runs_and_not_while_it_is_stopped(tmp_path):
+    """A real TCPStore server in a process of its own, stopped as a frozen node's would be: a
+    call to it would block for good, so the probe says no within its bound, holds one thread
+    however often it is asked, and says yes once the server runs again."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time, datetime, torch.distributed as d; "
+         "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, wait_for_workers=False, "
+         "timeout=datetime.timedelta(seconds=60)); print('up', flush=True); time.sleep(600)", str(port)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout.readline().strip() == "up"
+        probe = StoreProbe("127.0.0.1", str(port), within_s=2.0)
+        assert probe.answers()
+        os.kill(server.pid, signal.SIGSTOP)
+        time.sleep(0.3)
+        started = time.monotonic()
+        assert not probe.answers() and not probe.answers()
+        assert 4.0 <= time.monotonic() - started < 8.0  # each look waits its bound, no more
+        blocked = probe.pending
+        assert blocked.is_alive()
+        assert not probe.answers() and probe.pending is blocked  # no second thread meanwhile
+        os.kill(server.pid, signal.SIGCONT)
+        blocked.join(10)
+        assert probe.answers()
+        server.kill()
+        server.wait()
+        assert not probe.answers()  # nothing listens: refused
+    finally:
+        server.kill()
+        server.wait()
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,7 @@ template`), else one drawn now, set once for the whole render. */}}
 {{- $running = lookup $api .Values.jobKind .Release.Namespace (include "ddp.fullname" .) -}}
 {{- end -}}
 {{- $kept := dig "metadata" "annotations" "ddp-trainer/install-id" "" $running -}}
-{{- $_ := set .Values "installId" (default (randAlphaNum 8 | lower) $kept) -}}
+{{- $_ := set .Values "installId" (default (printf "i%s" (randAlphaNum 7 | lower)) $kept) -}}
 {{- end -}}
 {{- printf "%s/%s/%s" .Release.Namespace (include "ddp.fullname" .) .Values.installId -}}
 {{- end -}}

@@ -56,7 +56,9 @@ from trainer.config.argparsing import OneLineParser
 from trainer.distributed.elastic_bounds import NNODES_ENV, PET_NNODES_ENV, node_bounds
 from trainer.distributed.heartbeat import HEARTBEAT_DIR_ENV
 from trainer.distributed.liveness import serve_health
+from trainer.distributed.node_watch import STORE_LOST_FILE_ENV
 from trainer.distributed.recurrence import CRASH_DIR_ENV
+from trainer.distributed.rendezvous_host import rendezvous_host, store_address, torchrun_option, wait_for_host
 from trainer.telemetry.lines import write_line
 
 EXIT_GAVE_UP = 1
@@ -112,36 +114,9 @@ def trainer_arguments(torchrun_args: Sequence[str]) -> list[str]:
     return []
 
 
-def _option(args: Sequence[str], names: Sequence[str]) -> str | None:
-    """A torchrun option's value from its command line (`--x v` or `--x=v`, dashes or underscores)."""
-    wanted = {name.replace("_", "-") for name in names}
-    for index, arg in enumerate(args):
-        key, _, value = arg.partition("=")
-        if key.replace("_", "-") in wanted:
-            return value or (args[index + 1] if index + 1 < len(args) else None)
-    return None
-
-
-def rendezvous_host(torchrun_args: Sequence[str], env: dict[str, str]) -> tuple[str, str] | None:
-    """The host (and port) this pod must reach before torchrun can start: the c10d endpoint
-    in elastic mode, the Master's address in static mode; None when it is this pod or a
-    standalone run. torchrun reads `--foo` from PET_FOO; the command line wins."""
-    if "--standalone" in torchrun_args or env.get("PET_STANDALONE") is not None:
-        return None
-    endpoint = _option(torchrun_args, ["--rdzv-endpoint"]) or env.get("PET_RDZV_ENDPOINT")
-    if endpoint:
-        host, _, port = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "29400")
-        return None if _is_this_host(host) else (host, port)
-    node_rank = _option(torchrun_args, ["--node-rank"]) or env.get("PET_NODE_RANK", "0")
-    master = _option(torchrun_args, ["--master-addr"]) or env.get("PET_MASTER_ADDR")
-    if master and node_rank != "0" and not _is_this_host(master):
-        return master, _option(torchrun_args, ["--master-port"]) or env.get("PET_MASTER_PORT", "29500")
-    return None
-
-
 def nnodes(torchrun_args: Sequence[str], env: dict[str, str]) -> str:
     """torchrun's `--nnodes` (its default is 1)."""
-    return _option(torchrun_args, ["--nnodes"]) or env.get(PET_NNODES_ENV) or "1"
+    return torchrun_option(torchrun_args, ["--nnodes"]) or env.get(PET_NNODES_ENV) or "1"
 
 
 @dataclass
@@ -185,34 +160,6 @@ def own_name_problem() -> str | None:
             "needs it: give the container one (docker run --hostname trainer --add-host trainer:127.0.0.1)"
         )
     return None
-
-
-def _is_this_host(host: str) -> bool:
-    return host in ("localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn())
-
-
-def wait_for_host(host: str, port: str, timeout: float) -> bool:
-    """Block until `host` resolves; one line if it does not at once. False on timeout. A
-    signal meanwhile ends the process (main's handlers), as nothing runs yet."""
-    deadline = time.monotonic() + timeout
-    announced = False
-    while True:
-        try:
-            socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
-            if announced:
-                _say(f"rendezvous host {host} resolves; starting torchrun")
-            return True
-        except OSError:
-            pass
-        if not announced:
-            _say(
-                f"waiting for the rendezvous host {host}:{port}: its name resolves once its pod "
-                f"runs (an image pull or a node scale-up), up to {timeout:.0f}s"
-            )
-            announced = True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(1.0)
 
 
 def _say(line: str) -> None:
@@ -315,27 +262,42 @@ def _say_error(fatal_file: Path) -> None:
 class PodFiles:
     """What this pod's ranks tell the wrapper through files, each under the temp folder and
     named for this process: a fatal error (`fatal`), their heartbeat records
-    (`heartbeats`, which `/healthz` reads), and how each crashed last (`crashes`, which
-    outlive torchrun's restarts and relaunches so that a crash that recurs is permanent)."""
+    (`heartbeats`, which `/healthz` reads), how each crashed last (`crashes`, which
+    outlive torchrun's restarts and relaunches so that a crash that recurs is permanent),
+    and that the rendezvous store's host was found lost (`store_lost`: the node watch's line)."""
 
     fatal: Path
     heartbeats: Path
     crashes: Path
+    store_lost: Path
 
     @classmethod
     def of_this_process(cls) -> PodFiles:
         base = Path(tempfile.gettempdir()) / f"ddp-launch-{os.getpid()}"
-        return cls(base.with_suffix(".fatal"), base.with_suffix(".heartbeats"), base.with_suffix(".crashes"))
+        return cls(
+            base.with_suffix(".fatal"), base.with_suffix(".heartbeats"), base.with_suffix(".crashes"),
+            base.with_suffix(".store-lost"),
+        )  # fmt: skip
 
     def env(self) -> dict[str, str]:
         return {
             FATAL_FILE_ENV: str(self.fatal),
             HEARTBEAT_DIR_ENV: str(self.heartbeats),
             CRASH_DIR_ENV: str(self.crashes),
+            STORE_LOST_FILE_ENV: str(self.store_lost),
         }
+
+    def take_store_lost(self) -> bool:
+        """Whether the store's host was reported lost since the last look; the report is taken."""
+        try:
+            self.store_lost.unlink()
+        except FileNotFoundError:
+            return False
+        return True
 
     def remove(self) -> None:
         self.fatal.unlink(missing_ok=True)
+        self.store_lost.unlink(missing_ok=True)
         shutil.rmtree(self.heartbeats, ignore_errors=True)
         shutil.rmtree(self.crashes, ignore_errors=True)
 
@@ -344,8 +306,9 @@ def run_torchrun(
     torchrun_args: Sequence[str], files: PodFiles, stopping: list[int], waiting: RendezvousWaitLine
 ) -> int:
     """One torchrun, in a session of its own so that a terminal's Ctrl-C reaches it only
-    through us, once, as SIGTERM; stopped at once when a worker reports a fatal error; its
-    waits for nodes said at a steady interval."""
+    through us, once, as SIGTERM; stopped at once when a worker reports a fatal error, or
+    the rendezvous store's host lost (its agent would wait on that store for good); its waits
+    for nodes said at a steady interval."""
     fatal_file = files.fatal
     env = {**RDZV_ENV, **os.environ, **files.env(), NNODES_ENV: waiting.nnodes}
     process = subprocess.Popen(
@@ -376,6 +339,9 @@ def run_torchrun(
                 if not said:  # another rank was first, and rank 0 was stopped before its line
                     _say_error(fatal_file)
                 return EXIT_CONFIG_ERROR
+            if files.store_lost.exists() and not stopping:
+                signal_tree(process.pid)
+                return container_exit_code(process.wait())
             time.sleep(POLL_S)
     finally:
         for sig, handler in previous.items():
@@ -435,22 +401,33 @@ def _launch(
     """Wait for the host, run torchrun, and run it again after a failure, within the budget."""
     stopping: list[int] = []  # the signal this pod got, once it got one
     env = dict(os.environ)
-    endpoint = _option(torchrun_args, ["--rdzv-endpoint"]) or env.get("PET_RDZV_ENDPOINT") or "localhost"
+    endpoint = torchrun_option(torchrun_args, ["--rdzv-endpoint"]) or env.get("PET_RDZV_ENDPOINT")
+    endpoint = endpoint or "localhost"
     waiting = RendezvousWaitLine(options.waiting_line_s, nnodes(torchrun_args, env), endpoint)
-    code = 0
+    code, store_lost = 0, False
     for attempt in range(options.relaunches + 1):
-        if target and not wait_for_host(*target, options.rendezvous_wait):
+        # after a lost store, wait for it to answer even where it is this host's own name (one
+        # host's agents on loopback); without, for the host's name
+        wait_for = store_address(torchrun_args, env) if store_lost else target
+        if wait_for and not wait_for_host(*wait_for, options.rendezvous_wait, _say, store_lost):
+            verb = "answer" if store_lost else "resolve"
             _say(
-                f"error: rendezvous host {target[0]} did not resolve within {options.rendezvous_wait:.0f}s; "
-                "check that its pod is scheduled (kubectl describe pod)"
+                f"error: rendezvous host {wait_for[0]} did not {verb} within {options.rendezvous_wait:.0f}s; "
+                "check that its pod is scheduled and its node Ready (kubectl describe pod)"
             )
             return EXIT_GAVE_UP
         files.fatal.unlink(missing_ok=True)
         code = run_torchrun(torchrun_args, files, stopping, waiting)
         if code in (0, EXIT_CONFIG_ERROR) or stopping:
             return code
+        store_lost = files.take_store_lost()
         if attempt < options.relaunches:
-            _say(f"torchrun exited with code {code}; relaunch {attempt + 1} of {options.relaunches}")
+            why = (
+                "stopped: the rendezvous store's host is lost and torchrun would wait on it for good"
+                if store_lost
+                else f"exited with code {code}"
+            )
+            _say(f"torchrun {why}; relaunch {attempt + 1} of {options.relaunches}")
     _say(f"error: torchrun failed {options.relaunches + 1} times (last exit code {code}); giving up")
     return EXIT_GAVE_UP
 

@@ -21,7 +21,10 @@ ranks and exits, so that its torchrun re-rendezvouses without the lost node (its
 has expired by then: the chart's `keep_alive_*` settings) and resumes from the newest
 snapshot, at the smaller world size where `--nnodes` allows it; where it does not, the line
 says so and the survivors wait in torchrun's rendezvous for the node to come back or be
-replaced (`ddp-launch` says so again at a steady interval). A node that finds its own
+replaced (`ddp-launch` says so again at a steady interval). Where the lost node is the
+store's host, torchrun's agent would wait on that store for good (its client has no reply
+timeout), so the survivor tells `ddp-launch` (a file), which stops torchrun and starts it
+again once the store answers: its node back, or its pod re-created. A node that finds its own
 clock jumped past the limit was the frozen one: it blames nobody, and leaves too, so that
 it rejoins at the next round instead of waiting in a collective whose peers are gone.
 
@@ -43,6 +46,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -53,6 +57,7 @@ from trainer.distributed.process_group import DistContext
 
 KEY_PREFIX = "ddp-node-progress/"
 EXIT_NODE_LOST = 1  # a failure: torchrun restarts the workers while it has restarts left
+STORE_LOST_FILE_ENV = "TRAINER_STORE_LOST_FILE"  # set by ddp-launch: where to say the store's host is lost
 
 
 @dataclass(frozen=True)
@@ -176,7 +181,8 @@ def going_on(loss: Loss, num_nodes: int, bounds: tuple[int, int] | None, me: str
     if loss.store_host:
         return False, (
             f"{me} leaves the group; torchrun cannot rendezvous without the store's host, so "
-            "ddp-launch waits for it to come back (its pod re-created) and starts torchrun again"
+            "ddp-launch stops torchrun and starts it again once that store answers (its node back, "
+            "or its pod re-created)"
         )
     if bounds is not None and num_nodes - 1 < bounds[0]:
         left = num_nodes - 1
@@ -304,6 +310,8 @@ class NodeWatcher:
                     f"{loss.describe()}; {then}",
                     extra={"event": "node_lost", "fields": {**loss.fields(), "goes_on": goes_on}},
                 )
+                if loss.store_host and STORE_LOST_FILE_ENV in os.environ:
+                    Path(os.environ[STORE_LOST_FILE_ENV]).write_text(loss.describe() + "\n")
                 self.leave(self.heartbeat)
                 return
 
