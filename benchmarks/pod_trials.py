@@ -27,7 +27,7 @@ PROBES = (
 TRAINER = (
     "trainer.config.model.dropout=0.3,trainer.config.checkpoint.every_steps=1000,"
     "trainer.config.log.every_steps=1,trainer.config.log.format=json,trainer.config.train.max_steps=120,"
-    "trainer.config.checkpoint.snapshot_every_steps={every}"
+    "snapshots.everySteps={every}"  # the chart's home for the trainer's snapshot interval
 )
 
 

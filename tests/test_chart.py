@@ -206,6 +206,48 @@ def test_trainer_config_is_a_valid_trainer_config_mounted_in_the_pods():
     assert mounts["/etc/ddp-trainer"]["readOnly"]
 
 
+@pytest.mark.parametrize(
+    ("sets", "line"),
+    [
+        (
+            "snapshots.everySteps=5,trainer.config.checkpoint.snapshot_every_steps=10",
+            "trainer.config.checkpoint.snapshot_every_steps=10: the chart sets this key from "
+            "snapshots.everySteps (now 5); set it there, or leave the trainer key out",
+        ),
+        (
+            "metrics.port=9401,trainer.config.metrics.port=9000",
+            "trainer.config.metrics.port=9000: the chart sets this key from metrics.port (now 9401)",
+        ),
+        (
+            "trainer.config.checkpoint.uri=s3://mine/run",
+            "trainer.config.checkpoint.uri=s3://mine/run: the chart sets this key from checkpoints.s3.bucket "
+            "and checkpoints.s3.prefix, or checkpoints.existingClaim",
+        ),
+        (
+            "trainer.config.checkpoint.snapshot_dir=/data/shm",
+            "trainer.config.checkpoint.snapshot_dir=/data/shm: the chart sets this key to "
+            "/dev/shm/ddp-trainer-snapshots (the pod's own path for it); leave it out",
+        ),
+    ],
+)
+def test_a_trainer_key_the_chart_sets_is_refused_at_render_naming_both_keys(sets, line):
+    """The chart fills in the trainer's checkpoint location, snapshot interval, metrics port
+    and paths: the same trainer key with another value would be dropped, so it is refused."""
+    with pytest.raises(HelmError, match=re.escape(line)):
+        render(merge_values(sets=[f"gpus=8,{sets}"]), release="r", namespace="ns")
+
+
+def test_a_trainer_key_equal_to_what_the_chart_sets_is_honoured():
+    rendered = render(
+        merge_values(sets=["gpus=8,snapshots.everySteps=7,trainer.config.checkpoint.snapshot_every_steps=7"]),
+        release="r", namespace="ns",
+    )  # fmt: skip
+    (config_map,) = [
+        c for c in rendered.objects if c["kind"] == "ConfigMap" and c["metadata"]["name"].endswith("-config")
+    ]
+    assert from_tree(yaml.safe_load(config_map["data"]["config.yaml"])).checkpoint.snapshot_every_steps == 7
+
+
 def test_elastic_policy_defaults():
     job = render(namespace="research").one("PyTorchJob")
     policy = job["spec"]["elasticPolicy"]

@@ -88,7 +88,7 @@ def test_the_chart_probes_ddp_launch_and_can_turn_it_off():
     assert ProbeSpec.of(container, "startupProbe") == ProbeSpec("/healthz", 9402, 10, 5, 30, 0, grace_s=10)
     assert container["args"][container["args"].index("--health-port") + 1] == "9402"
     (job_id,) = [variable["value"] for variable in container["env"] if variable["name"] == "TRAINER_JOB_ID"]
-    assert re.fullmatch(r"training/ddp-run-ddp-trainer/[0-9a-f]{8}", job_id), job_id
+    assert re.fullmatch(r"training/ddp-run-ddp-trainer/i[0-9a-f]{7}", job_id), job_id
     off = render(merge_values(sets=["gpus=8,liveness.port=0"]), release="ddp-run", namespace="training")
     (bare,) = off.one("PyTorchJob")["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
     assert "livenessProbe" not in bare and "--health-port" not in bare["args"]

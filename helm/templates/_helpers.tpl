@@ -142,13 +142,34 @@ training state when snapshots are on. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* The trainer config as rendered into the ConfigMap. */}}
+{{/* The trainer config as rendered into the ConfigMap. The keys the chart manages have
+their home in the chart's values (or in the pod's volumes): the same key in `trainer.config`
+with another value is refused in one line that names both, never dropped in silence. */}}
 {{- define "ddp.trainerConfig" -}}
 {{- $managed := dict
   "checkpoint" (dict "uri" (include "ddp.checkpointUri" .) "cache_dir" "/tmp/checkpoint-cache"
     "snapshot_every_steps" .Values.snapshots.everySteps "snapshot_dir" "/dev/shm/ddp-trainer-snapshots")
   "metrics" (dict "port" (int .Values.metrics.port) "address" "0.0.0.0" "multiproc_dir" "/tmp/metrics")
 -}}
+{{- $homes := dict
+  "checkpoint" (dict "uri" "checkpoints.s3.bucket and checkpoints.s3.prefix, or checkpoints.existingClaim"
+    "snapshot_every_steps" "snapshots.everySteps")
+  "metrics" (dict "port" "metrics.port")
+-}}
+{{- range $section, $keys := $managed -}}
+{{- $given := get $.Values.trainer.config $section | default dict -}}
+{{- range $key, $value := $keys -}}
+{{- if and (kindIs "map" $given) (hasKey $given $key) (ne (toString (get $given $key)) (toString $value)) -}}
+{{- $home := get (get $homes $section) $key -}}
+{{- $name := printf "trainer.config.%s.%s=%v" $section $key (get $given $key) -}}
+{{- if $home -}}
+{{- fail (printf "%s: the chart sets this key from %s (now %v); set it there, or leave the trainer key out" $name $home $value) -}}
+{{- else -}}
+{{- fail (printf "%s: the chart sets this key to %v (the pod's own path for it); leave it out" $name $value) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- mergeOverwrite (deepCopy .Values.trainer.config) $managed | toYaml -}}
 {{- end -}}
 
