@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TextIO
 
 from benchmarks.namespaces import Network
+from benchmarks.trial_record import DETECTION_BOUND_S, TRAINING_BOUND_S
 from trainer.distributed.launch import signal_tree
 
 # the chart's settings (helm/values.yaml, elastic.rdzvConf): a frozen agent's keep-alive
@@ -220,7 +221,6 @@ def replay_segments(started: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return segments
 
 
-DETECTION_BOUND_S, TRAINING_BOUND_S = 10.0, 30.0
 NODE_FAULTS = ("node-freeze", "partition", "host-freeze")
 
 

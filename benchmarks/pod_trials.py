@@ -10,15 +10,11 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
-
+from benchmarks.trial_record import Timeline, Trial, final_state, same_state
 from operator_scripts.chart import CHART_DIR, merge_values, render
 from operator_scripts.local import freeze_pod, run
-
-if TYPE_CHECKING:
-    from benchmarks.fault_trials import Trial
 
 PROBES = (
     "liveness.periodSeconds=2,liveness.timeoutSeconds=2,liveness.failureThreshold=3,"
@@ -37,10 +33,10 @@ def job_objects(every: int) -> list[dict[str, Any]]:
     return render(values, release="trial", namespace="trials").objects
 
 
-def final_state(workdir: Path) -> dict:
+def job_final_state(workdir: Path) -> dict:
+    """The final state in the job's claim (its folder is named for the release)."""
     (latest,) = (workdir / "pvc" / "checkpoints").rglob("latest.json")
-    step = json.loads(latest.read_text())["step"]
-    return torch.load(latest.parent / f"step-{step}" / "checkpoint.pt", weights_only=True)
+    return final_state(latest.parent)
 
 
 def reference_job_state(workdir: Path, every: int) -> dict:
@@ -48,12 +44,10 @@ def reference_job_state(workdir: Path, every: int) -> dict:
     outcome = run(job_objects(every), workdir / "reference", timeout=300, stream=None, notify=lambda _: None)
     if outcome.status != "Succeeded":
         raise RuntimeError(f"the reference job did not succeed: {outcome.summary()}")
-    return final_state(workdir / "reference")
+    return job_final_state(workdir / "reference")
 
 
 def freeze_trial(workdir: Path, fault_after: int, every: int, reference: dict) -> Trial:
-    from benchmarks.fault_trials import Timeline, Trial, same_state
-
     timeline = Timeline(fault_after)  # the job's start is the cold start it is held to
     pods_now: list = []
 
@@ -81,7 +75,7 @@ def freeze_trial(workdir: Path, fault_after: int, every: int, reference: dict) -
         notify=note,
         on_tick=keep,
     )
-    identical = outcome.status == "Succeeded" and same_state(final_state(workdir), reference)
+    identical = outcome.status == "Succeeded" and same_state(job_final_state(workdir), reference)
     resumed = timeline.resumed
     return Trial(
         "freeze",

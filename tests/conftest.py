@@ -12,7 +12,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import pytest
 import torch
 import yaml
 
+from benchmarks.metrics import free_port
 from benchmarks.namespaces import enter_private_network, isolation_available
 from trainer.config import CheckpointConfig
 from trainer.config.schema import load_config
@@ -192,12 +192,6 @@ def assert_lost_within(held: dict[str, int], survivor: str, resumed: int, told: 
     assert resumed >= held[survivor], f"resumed from step {resumed}, the survivor held {held}"
     assert seen_lost <= bound, f"resumed from step {resumed} with {held} held at the kill"
     assert max(seen_lost, 0) <= told <= bound, f"the trainer counted {told} lost; the harness saw {seen_lost}"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def process_env(extra: dict[str, str] | None = None, *, audit: bool = False) -> dict[str, str]:

@@ -17,7 +17,7 @@ import psutil
 import pytest
 from conftest import free_port, json_records, load_checkpoint, process_env, run_torchrun, torchrun_command
 
-from benchmarks.fault_trials import same_state
+from benchmarks.trial_record import same_state
 from trainer.distributed.forkserver import listening, socket_path
 from trainer.distributed.launch import signal_tree
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
 from conftest import json_records, process_env, s3_env, torchrun_command
 
 from benchmarks.fault_proxy import FaultProxy
+from benchmarks.trial_record import final_state, same_state
 from trainer.config import WatchdogConfig
 from trainer.distributed.heartbeat import CHECKPOINT, STEP, VALIDATION, Heartbeat, PhaseLimits, read_records
 from trainer.distributed.watchdog import OWN_FREEZE_S, REJUDGE_S, RESTART_QUIET_S, VERDICTS_FILE, Watchdog
@@ -209,17 +209,6 @@ def worker_of(agent: subprocess.Popen, rank: int) -> psutil.Process:
     raise AssertionError(f"no worker of rank {rank}")
 
 
-def final_state(folder: Path) -> dict:
-    step = json.loads((folder / "latest.json").read_text())["step"]
-    return torch.load(folder / f"step-{step}" / "checkpoint.pt", weights_only=True)
-
-
-def assert_same_state(a: dict, b: dict) -> None:
-    assert a["progress"] == b["progress"]
-    for name, tensor in a["model"].items():
-        assert torch.equal(tensor, b["model"][name]), name
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict:
     """One uninterrupted run of the job the fault runs repeat."""
@@ -260,7 +249,7 @@ def test_a_stopped_rank_is_found_within_seconds_and_the_run_ends_bit_exact(workd
     plan = resumed_from(seen)
     assert plan["resume_origin"].startswith("snapshot on")
     assert stopped["step"] - plan["resumed_from"] <= 5  # at most one snapshot interval seen lost
-    assert_same_state(final_state(uri), reference)
+    assert same_state(final_state(uri), reference)
 
 
 @pytest.mark.slow
@@ -276,7 +265,7 @@ def test_a_rank_stalled_in_its_forward_is_blamed_not_the_one_waiting_for_it(work
     assert "its main thread is not waiting for a peer" in hang["message"]
     assert "plugins.py" in hang["stack"][0] and "in forward" in hang["stack"][0]
     assert 39 - resumed_from(seen)["resumed_from"] <= 5
-    assert_same_state(final_state(uri), reference)
+    assert same_state(final_state(uri), reference)
 
 
 @pytest.mark.slow

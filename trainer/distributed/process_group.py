@@ -142,10 +142,3 @@ def broadcast_object(value: object) -> object:
     holder = [value]
     dist.broadcast_object_list(holder, src=0)
     return holder[0]
-
-
-def broadcast_int(value: int, device: torch.device) -> int:
-    """Rank 0's integer (a checkpoint step, say), seen by every rank."""
-    number = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.broadcast(number, src=0)
-    return int(number.item())
