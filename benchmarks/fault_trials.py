@@ -75,7 +75,7 @@ from benchmarks.node_trials import NODE_FAULTS, NodeTrial, TwoNodes, node_trial,
 from benchmarks.pod_trials import freeze_trial, reference_job_state
 from benchmarks.storage_trials import STORAGE_FAULTS, storage_trials
 from benchmarks.trial_record import Timeline, Trial, final_state, same_state
-from trainer.distributed.forkserver import SWITCH_ENV, listening
+from trainer.distributed.fork_protocol import SWITCH_ENV, listening
 from trainer.distributed.launch import RDZV_ENV, signal_tree
 
 OVERRIDES = (

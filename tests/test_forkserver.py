@@ -18,7 +18,7 @@ import pytest
 from conftest import free_port, json_records, load_checkpoint, process_env, run_torchrun, torchrun_command
 
 from benchmarks.trial_record import same_state
-from trainer.distributed.forkserver import listening, socket_path
+from trainer.distributed.fork_protocol import listening, socket_path
 from trainer.distributed.launch import signal_tree
 
 # the server imports at idle CPU priority: beside other tests it may not listen for minutes
@@ -56,6 +56,18 @@ def gone_within(agent_pid: int, seconds: float) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def test_the_client_a_worker_runs_imports_no_torch():
+    """A warm restart's worth is the imports the client skips: `python -m trainer`'s first
+    import, the fork client, must leave torch unloaded (a fresh interpreter says so)."""
+    check = (
+        "import sys, trainer.distributed.fork_client; "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'numpy'))))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=process_env())
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.strip() == "[]", loaded.stdout[:500]
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ and as itself otherwise."""
 
 import sys
 
-from trainer.distributed.forkserver import forked_run
+from trainer.distributed.fork_client import forked_run
 
 code = forked_run(sys.argv)
 if code is None:

@@ -25,196 +25,35 @@ environment agrees with its own in what is read at import time (`IMPORT_TIME_ENV
 when its agent does. `TRAINER_FORK_SERVER=0` turns it off; it is off where torchrun restarts nothing
 (`--max-restarts=0`) and outside torchrun.
 
-This module imports no torch where it runs as the client: only the server preloads it.
+This module is the server; the client is `trainer.distributed.fork_client` and what they
+share is `trainer.distributed.fork_protocol`, neither of which imports torch.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import select
 import signal
 import socket
 import struct
-import subprocess
 import sys
-import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.telemetry.lines import write_line
+from trainer.distributed.fork_protocol import HEADER, POLL_S, STDIO, alive
 
-SWITCH_ENV = "TRAINER_FORK_SERVER"
 PRELOAD = ("trainer.cli", "torch._dynamo")
 # read once, when torch or Python start: a child forked from a server started under other
 # values would not honour the worker's own
 IMPORT_TIME_ENV = (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH", "PYTHONHASHSEED", "LD_PRELOAD", "TORCH_CPP_LOG_LEVEL",
 )  # fmt: skip
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-POLL_S = 0.5
 IMPORT_NICENESS = 19
 AUTOGROUP = Path("/proc/self/autogroup")
 ORDER_TIMEOUT_S = 5.0
-_HEADER = struct.Struct("!I")
-SOCKET_PATH_MAX = 107  # sun_path's 108 bytes, less the terminating NUL (unix(7))
-STDIO = 3
-
-
-def socket_path(env: dict[str, str] | os._Environ = os.environ, agent_pid: int | None = None) -> Path:
-    """Where the server of this torchrun agent (the workers' parent) listens; the run id
-    is hashed to keep the path within a Unix socket's 107 bytes."""
-    run = hashlib.sha256(env.get("TORCHELASTIC_RUN_ID", "").encode()).hexdigest()[:12]
-    agent = os.getppid() if agent_pid is None else agent_pid
-    return Path(tempfile.gettempdir()) / f"ddp-forkserver-{os.getuid()}" / f"{agent}-{run}.sock"
-
-
-def listening(agent_pid: int) -> bool:
-    """Whether a server of the torchrun agent `agent_pid` listens (for any run id)."""
-    folder = socket_path({}, agent_pid).parent
-    return folder.is_dir() and any(folder.glob(f"{agent_pid}-*.sock"))
-
-
-def wanted(env: dict[str, str] | os._Environ = os.environ) -> bool:
-    """Whether this worker's restarts can use a server: under torchrun, restarts allowed."""
-    restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "0")
-    return env.get(SWITCH_ENV, "1") != "0" and "TORCHELASTIC_RUN_ID" in env and restarts not in ("", "0")
-
-
-# --- the client: what torchrun's worker process runs --------------------------------
-
-
-def forked_run(argv: list[str]) -> int | None:
-    """Run this worker as a child of the agent's server; its exit code, or None where there
-    is no server to ask (the caller then runs the trainer itself, and the first such worker
-    has started one)."""
-    if not wanted():
-        return None
-    path = socket_path()
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        connection.connect(str(path))
-    except OSError:
-        connection.close()
-        with contextlib.suppress(OSError):  # no room for one (a read-only /tmp): start cold
-            start_server(path)
-        return None
-    with connection:
-        forwarder = Forwarder()  # from before the order: a signal meanwhile is held, not lost
-        order = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "umask": _umask()}
-        payload = json.dumps(order).encode()
-        try:
-            socket.send_fds(connection, [_HEADER.pack(len(payload))], [0, 1, 2])
-            connection.sendall(payload)
-            replies = connection.makefile("r")
-            started = _reply(replies)
-        except OSError:  # a closed stdio, a server gone: nothing was started
-            started = {}
-        if "pid" not in started:  # refused: nothing was started, so start cold
-            forwarder.restore()
-            return None
-        forwarder.started(started["pid"])
-        return _outcome(started["pid"], replies)
-
-
-class Forwarder:
-    """torchrun's signals to this client, passed on to its child's group (its writer's
-    too, as torchrun's `killpg` would reach them); held until the child's pid is known."""
-
-    def __init__(self) -> None:
-        self.pid: int | None = None
-        self.pending: list[int] = []
-        self.previous = {sig: signal.signal(sig, self) for sig in FORWARDED}
-
-    def __call__(self, signum: int, frame: object) -> None:
-        if self.pid is None:
-            self.pending.append(signum)
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signum)
-
-    def started(self, pid: int) -> None:
-        self.pid = pid
-        for signum in self.pending:
-            self(signum, None)
-
-    def restore(self) -> None:
-        """Back to this process's own handlers, and what came meanwhile delivered to it."""
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-        for signum in self.pending:
-            os.kill(os.getpid(), signum)
-
-
-def _outcome(pid: int, replies) -> int:
-    """The child's end, as the server reports it; this client's exit code for it."""
-    ended = _reply(replies)
-    if "status" not in ended:  # the server itself is gone: wait the child out, blind
-        while _alive(pid):
-            time.sleep(POLL_S)
-        say = f"trainer: the fork server ended before worker {pid}; its exit code is unknown"
-        write_line(say)
-        return 1
-    code = os.waitstatus_to_exitcode(ended["status"])
-    if code >= 0:
-        return code
-    if -code not in (signal.SIGKILL, signal.SIGSTOP):
-        signal.signal(-code, signal.SIG_DFL)  # end as the child did: killed by the same signal
-    os.kill(os.getpid(), -code)
-    return 128 - code
-
-
-def _reply(replies) -> dict:
-    line = replies.readline()
-    return json.loads(line) if line else {}
-
-
-def _alive(pid: int) -> bool:
-    """psutil.pid_exists, without psutil's 60 ms import on the client's path."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def start_server(path: Path) -> None:
-    """Start the agent's server unless another worker of it has: the first to create the
-    lock file does. The server outlives this worker; its output goes nowhere (a pipe held
-    open would keep a reader of torchrun's output waiting for its end)."""
-    if len(os.fsencode(path)) > SOCKET_PATH_MAX:
-        return  # a TMPDIR too deep for a Unix socket: every round starts cold
-    path.parent.mkdir(mode=0o700, exist_ok=True)
-    if path.parent.stat().st_uid != os.getuid() or path.parent.stat().st_mode & 0o077:
-        return  # a folder someone else could enter: no server rather than one others can use
-    try:
-        os.close(os.open(path.with_suffix(".lock"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-    except FileExistsError:
-        return
-    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "LOCAL_RANK")}
-    subprocess.Popen(
-        [sys.executable, "-u", "-m", "trainer.distributed.forkserver", str(path), str(os.getppid())],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-
-
-# --- the server ------------------------------------------------------------------------
 
 
 @dataclass
@@ -257,7 +96,7 @@ def preload(agent_pid: int) -> bool:
     importer.start()
     while importer.is_alive():
         importer.join(POLL_S)
-        if not _alive(agent_pid):
+        if not alive(agent_pid):
             return False
     return True
 
@@ -296,7 +135,7 @@ def _serve(listener: socket.socket, agent_pid: int) -> Order | None:
     ended, woken = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # a child's end wakes the loop
     signal.set_wakeup_fd(woken)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    while _alive(agent_pid):
+    while alive(agent_pid):
         readable, _, _ = select.select([listener, ended], [], [], POLL_S)
         if listener in readable:
             order = _accept(listener, children)
@@ -345,12 +184,12 @@ def _accept(listener: socket.socket, children: dict[int, socket.socket]) -> Orde
 def _read_order(connection: socket.socket) -> Order:
     credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _, uid, _ = struct.unpack("3i", credentials)
-    header, fds, _, _ = socket.recv_fds(connection, _HEADER.size, STDIO)
-    if uid != os.getuid() or len(header) != _HEADER.size or len(fds) != STDIO:
+    header, fds, _, _ = socket.recv_fds(connection, HEADER.size, STDIO)
+    if uid != os.getuid() or len(header) != HEADER.size or len(fds) != STDIO:
         for fd in fds:
             os.close(fd)
         raise ValueError("not an order from this user")
-    (length,) = _HEADER.unpack(header)
+    (length,) = HEADER.unpack(header)
     payload = bytearray()
     while len(payload) < length:
         chunk = connection.recv(length - len(payload))
