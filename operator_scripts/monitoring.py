@@ -14,19 +14,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
-from grafana_foundation_sdk.builders.common import VizLegendOptions
-from grafana_foundation_sdk.builders.dashboard import Dashboard, DatasourceVariable, QueryVariable
-from grafana_foundation_sdk.builders.prometheus import Dataquery as PrometheusQuery
-from grafana_foundation_sdk.builders.timeseries import Panel as Timeseries
-from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.common import LegendDisplayMode, LegendPlacement
-from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
-from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos, VariableRefresh
 
 from operator_scripts import generated
 from trainer.telemetry.metrics import PART_COUNTERS
+
+if TYPE_CHECKING:  # the SDK is a dev tool (the dev extra): only the dashboard's generation needs it
+    from grafana_foundation_sdk.builders.timeseries import Panel as Timeseries
+    from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
+    from grafana_foundation_sdk.models.dashboard import DataSourceRef
 
 ROOT = generated.ROOT
 DASHBOARD_FILE = ROOT / "helm" / "files" / "dashboards" / "ddp-training.json"
@@ -202,17 +200,20 @@ PANELS: tuple[Panel, ...] = (
 )
 
 
-DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
-
-
-def _timeseries(panel: Panel, index: int) -> Timeseries:
+def _timeseries(panel: Panel, index: int, datasource: DataSourceRef) -> Timeseries:
     """Two panels a row, each 12 of the grid's 24 columns wide and 8 rows high."""
+    from grafana_foundation_sdk.builders.common import VizLegendOptions
+    from grafana_foundation_sdk.builders.prometheus import Dataquery as PrometheusQuery
+    from grafana_foundation_sdk.builders.timeseries import Panel as Timeseries
+    from grafana_foundation_sdk.models.common import LegendDisplayMode, LegendPlacement
+    from grafana_foundation_sdk.models.dashboard import GridPos
+
     builder = (
         Timeseries()
         .id(index + 1)
         .title(panel.title)
         .description(panel.description)
-        .datasource(DATASOURCE)
+        .datasource(datasource)
         .grid_pos(GridPos(h=8, w=12, x=12 * (index % 2), y=8 * (index // 2)))
         .unit(panel.unit)
         .legend(VizLegendOptions().display_mode(LegendDisplayMode.LIST).placement(LegendPlacement.BOTTOM))
@@ -221,7 +222,7 @@ def _timeseries(panel: Panel, index: int) -> Timeseries:
         builder = builder.with_target(
             PrometheusQuery()
             .ref_id(chr(ord("A") + n))
-            .datasource(DATASOURCE)
+            .datasource(datasource)
             .expr(expr)
             .legend_format(legend)
         )
@@ -231,6 +232,10 @@ def _timeseries(panel: Panel, index: int) -> Timeseries:
 def dashboard() -> DashboardModel:
     """The throughput dashboard, built with Grafana's Foundation SDK (its Grafana 11.6 types):
     a data source variable, a job selector, and one time-series panel per `PANELS` entry."""
+    from grafana_foundation_sdk.builders.dashboard import Dashboard, DatasourceVariable, QueryVariable
+    from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh
+
+    datasource = DataSourceRef(type_val="prometheus", uid="${datasource}")
     builder = (
         Dashboard("DDP training")
         .uid("ddp-training")
@@ -243,7 +248,7 @@ def dashboard() -> DashboardModel:
         .with_variable(
             QueryVariable("job")
             .label("Job")
-            .datasource(DATASOURCE)
+            .datasource(datasource)
             .query({"query": "label_values(ddp_run_info, job)", "refId": "jobs"})
             .include_all(True)
             .multi(True)
@@ -251,11 +256,13 @@ def dashboard() -> DashboardModel:
         )
     )
     for index, panel in enumerate(PANELS):
-        builder = builder.with_panel(_timeseries(panel, index))
+        builder = builder.with_panel(_timeseries(panel, index, datasource))
     return builder.build()
 
 
 def dashboard_json(model: DashboardModel) -> str:
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+
     return json.dumps(model, cls=JSONEncoder, indent=2) + "\n"
 
 

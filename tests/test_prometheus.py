@@ -49,6 +49,25 @@ def missing_from(read: object, written: object, path: str = "") -> list[str]:
     return [] if read == written else [path or "."]
 
 
+def test_the_alert_rules_import_without_the_dashboards_dev_only_sdk():
+    """grafana-foundation-sdk is in the dev extra only: a fresh interpreter that cannot find
+    it still imports the monitoring module and builds the alert rules."""
+    script = (
+        "import sys\n"
+        "class NoSdk:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'grafana_foundation_sdk':\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, NoSdk())\n"
+        "from operator_scripts.monitoring import rules\n"
+        "print(len(rules()['groups'][0]['rules']))\n"
+    )
+    command = [sys.executable, "-c", script]
+    done = subprocess.run(command, capture_output=True, text=True, env=process_env(), cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout) == len(ALERTS)
+
+
 def test_the_dashboard_is_grafana_11_6_json_as_the_sdk_types_read_it():
     """Read back into the SDK's typed model (Grafana 11.6's dashboard schema), the committed
     file loses nothing and changes nothing: no field it holds is unknown or mistyped."""
