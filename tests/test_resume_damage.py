@@ -18,8 +18,8 @@ from conftest import AWS_TEST_ENV, free_port, node_env, process_env, run_torchru
 
 from benchmarks.fault_proxy import FaultProxy
 from trainer.checkpoint import Checkpointer, CheckpointError, LocalStore, open_store
-from trainer.cli import refuse_overwrite
 from trainer.config import CheckpointConfig, ConfigError, load_config
+from trainer.run.ownership import refuse_overwrite
 
 
 class Files:

@@ -50,7 +50,6 @@ from typing import BinaryIO
 import psutil
 
 from trainer.checkpoint import open_store
-from trainer.cli import EXIT_CONFIG_ERROR, FATAL_FILE_ENV, validate
 from trainer.config import ConfigError
 from trainer.config.argparsing import OneLineParser
 from trainer.distributed.elastic_bounds import NNODES_ENV, PET_NNODES_ENV, node_bounds
@@ -59,6 +58,7 @@ from trainer.distributed.liveness import serve_health
 from trainer.distributed.node_watch import STORE_LOST_FILE_ENV
 from trainer.distributed.recurrence import CRASH_DIR_ENV
 from trainer.distributed.rendezvous_host import rendezvous_host, store_address, torchrun_option, wait_for_host
+from trainer.run.startup import EXIT_CONFIG_ERROR, FATAL_FILE_ENV, validate
 from trainer.telemetry.lines import write_line
 
 EXIT_GAVE_UP = 1

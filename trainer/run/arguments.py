@@ -1,0 +1,38 @@
+"""The trainer's command line, which `python -m trainer` runs and `ddp-launch` reads (the
+arguments after `-m trainer` in torchrun's) to check the config before torchrun starts."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from trainer.config import bundled_config_names
+from trainer.config.argparsing import OneLineParser
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = OneLineParser(
+        prog="python -m trainer",
+        description="Data-parallel training under torchrun (or alone, as a world of one).",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="PATH_OR_NAME",
+        help=f"a YAML file or a bundled config ({', '.join(bundled_config_names())}); "
+        "default: the embedded defaults (the digits demo)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key in Helm's --set syntax (a.b=c, x={1,2}); repeatable",
+    )
+    parser.add_argument("--print-config", action="store_true", help="print the effective config and exit")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="check the config, plug-ins, device and that checkpoint.uri is writable, then exit",
+    )
+    return parser.parse_args(argv)

@@ -1,0 +1,195 @@
+"""A run's processes and threads around the loop, started and ended in order: the
+checkpoint writer (spawned first, so its start-up overlaps the run's), the heartbeat, the
+node's watchdog, what is built before the process group (data, model tried on one batch,
+device, store, rank 0's hold on the location), the metrics server, the process group and
+the node watch; and how each way the loop ends becomes the process's exit code."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trainer.checkpoint import Checkpointer, open_store, rng
+from trainer.checkpoint.policy import NotDurable
+from trainer.checkpoint.writer_start import WriterHandle, spawn_writer
+from trainer.config import CheckpointConfig, Config, ConfigError
+from trainer.data import DataSplits, build_data
+from trainer.distributed.heartbeat import Heartbeat, heartbeat_dir
+from trainer.distributed.node_watch import start_node_watch
+from trainer.distributed.preemption import LEASE_LOST, Stopped, StopSignal
+from trainer.distributed.process_group import DistContext, peer_lost, process_group, select_device
+from trainer.distributed.recurrence import Crash, RecurringCrash, check_recurrence
+from trainer.distributed.watchdog import start_watchdog
+from trainer.loop.engine import Trainer
+from trainer.loop.plan import steps_per_epoch
+from trainer.loop.probe import probe_plugins
+from trainer.models import build_model
+from trainer.run.ownership import Ownership, lease_lost, take_location
+from trainer.run.startup import EXIT_PEER_LOST, report
+from trainer.telemetry.log import setup_logging
+from trainer.telemetry.metrics import prepare_multiprocess_dir, start_metrics
+
+
+def train(config: Config, context: DistContext) -> int:
+    """Build data, model and store (failing fast), then train inside the process group. A
+    rank that writes checkpoints or snapshots spawns its writer process first, so that the
+    writer's start-up overlaps the run's; under torchrun the node's first rank starts the
+    node's watchdog, and every rank keeps its heartbeat record from here on."""
+    logger = setup_logging(config.log, context)
+    writes = context.is_main or (context.is_node_main and config.checkpoint.snapshot_every_steps != 0)
+    writer = spawn_writer() if config.checkpoint.async_save and writes else None
+    run = context.run_id if context.launched_by_torchrun else f"local-{os.getpid()}"
+    folder = heartbeat_dir(run, context.restart_count, context.node_rank)
+    heartbeat = Heartbeat(folder, context.rank, config.watchdog)
+    watchdog = None
+    if config.watchdog.enabled and context.launched_by_torchrun and context.is_node_main:
+        watchdog = start_watchdog(
+            heartbeat.folder, config.log.format, config.watchdog.poll_s, config.watchdog.first_s
+        )
+    try:
+        return _train(config, context, logger, writer, heartbeat)
+    except Exception as error:  # the traceback is torchrun's to show, unless it has come before
+        try:
+            check_recurrence(context.rank, Crash.of(error, heartbeat.step, heartbeat.phase_name))
+        except RecurringCrash as recurring:
+            return report(recurring, context)
+        raise
+    finally:
+        heartbeat.close()
+        for child in (writer, watchdog):
+            if child is not None:
+                child.stdin.close()  # a no-op for a writer the Trainer has handed its last message
+
+
+@dataclass
+class Prepared:
+    """What a run builds before its process group: data, model (tried on one batch), the
+    device, the store, and rank 0's hold on the location."""
+
+    splits: DataSplits
+    module: torch.nn.Module
+    device: torch.device
+    ownership: Ownership
+
+
+def prepare(config: Config, context: DistContext, stop: StopSignal) -> Prepared:
+    """Build data and model and try them on one batch, then the store; rank 0 then takes
+    the location (trainer.run.ownership). Raises ConfigError, holding no lease then."""
+    rng.seed_everything(config.seed)
+    splits = build_data(config.data, config.seed)
+    module = build_model(config.model, splits.spec)
+    steps_per_epoch(len(splits.train), config.train, context.world_size)
+    device = select_device(config.train.device, context)
+    probe_plugins(config, splits, module, device)
+    checkpointer = Checkpointer(
+        open_store(config.checkpoint), config.checkpoint.keep_last, cache_dir(config.checkpoint)
+    )
+    if not context.is_main:
+        return Prepared(splits, module, device, Ownership(checkpointer))
+    ownership = take_location(config, context.run_id, checkpointer, stop, config.dist.timeout_s / 2)
+    return Prepared(splits, module, device, ownership)
+
+
+def cache_dir(config: CheckpointConfig) -> Path:
+    """Node-local folder for downloaded checkpoints, one per checkpoint location."""
+    if config.cache_dir:
+        return Path(config.cache_dir)
+    digest = hashlib.sha256(config.uri.encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / "ddp-trainer-cache" / digest
+
+
+def _train(
+    config: Config,
+    context: DistContext,
+    logger: logging.Logger,
+    writer: WriterHandle | None,
+    heartbeat: Heartbeat,
+) -> int:
+    stop = StopSignal()
+    try:
+        prepared = prepare(config, context, stop)
+    except ConfigError as error:
+        return report(error, context)
+    try:
+        return _train_in_group(config, context, logger, writer, heartbeat, stop, prepared)
+    finally:
+        prepared.ownership.let_go()
+        stop.uninstall()  # the run is over: a signal now ends the process at once, quietly
+
+
+def _train_in_group(
+    config: Config,
+    context: DistContext,
+    logger: logging.Logger,
+    writer: WriterHandle | None,
+    heartbeat: Heartbeat,
+    stop: StopSignal,
+    prepared: Prepared,
+) -> int:
+    rng.seed_everything(config.seed * 65537 + context.rank + 1)  # distinct dropout per rank
+    device = prepared.device
+    prepare_multiprocess_dir(config.metrics, context)
+    metrics = start_metrics(config.metrics, context, run_info(config, context), device, logger)
+    try:
+        with process_group(context, device, config.dist.timeout_s):
+            # only now: a SIGTERM while the group forms (a peer that refused to start, and is
+            # gone) must end this process at once, and the default action does so where a
+            # Python handler would wait for TCPStore's connect loop in C++ to give up
+            stop.install()
+            node_watch = start_node_watch(context, config.watchdog, heartbeat, logger)
+            try:
+                trainer = Trainer(
+                    config,
+                    context,
+                    device,
+                    prepared.splits,
+                    prepared.module,
+                    prepared.ownership.checkpointer,
+                    logger,
+                    metrics,
+                    stop,
+                    heartbeat,
+                    prepared.ownership.lineage,
+                    writer,
+                )
+                trainer.run()
+            except ConfigError as error:
+                return report(error, context)
+            except Stopped as stopped:  # every rank stopped together: leave together
+                if stopped.signum == LEASE_LOST:
+                    return report(lease_lost(config, stop, trainer.progress.step), context)
+                return stopped.exit_code
+            except NotDurable as unsaved:
+                return unsaved.exit_code
+            finally:
+                if node_watch is not None:
+                    node_watch.stop()
+    except RuntimeError as error:  # DistError is one; outside the group, which a lost peer cannot close
+        if (reason := peer_lost(error)) is None:
+            raise
+        logger.error(
+            f"rank {context.rank} lost a peer ({reason}); torchrun restarts the workers "
+            "and they resume from the newest snapshot or checkpoint"
+        )
+        return EXIT_PEER_LOST
+    finally:
+        metrics.close()
+    return 0
+
+
+def run_info(config: Config, context: DistContext) -> dict[str, str]:
+    """Labels of `ddp_run_info`: what ran, where, with what."""
+    return {
+        "run_id": context.run_id,
+        "model": config.model.name,
+        "dataset": config.data.name,
+        "world_size": str(context.world_size),
+        "torch_version": torch.__version__,
+        "image": os.environ.get("TRAINER_IMAGE", "none"),
+    }

@@ -1,0 +1,63 @@
+"""What is checked before any work starts, and how a run that cannot go on says so: the
+exit codes, and the one error line (once per node, and told to `ddp-launch` so that it
+stops torchrun instead of retrying what cannot succeed)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainer.checkpoint import open_store
+from trainer.config import Config, ConfigError, load_config
+from trainer.data import DATASETS
+from trainer.distributed.process_group import DistContext, cuda_available
+from trainer.distributed.recurrence import RecurringCrash
+from trainer.models import MODELS
+from trainer.run.arguments import parse_args
+from trainer.telemetry.lines import first_to_say, write_line
+
+EXIT_CONFIG_ERROR = 2
+EXIT_PEER_LOST = 1  # any failure: torchrun restarts the workers while it has restarts left
+SECOND_VOICE_S = 0.5  # how long a rank lets its node's first rank say an error they share
+# set by `ddp-launch`: a configuration error found inside a worker is written here, so that
+# the launcher stops torchrun at once instead of letting it retry what cannot succeed
+FATAL_FILE_ENV = "TRAINER_FATAL_FILE"
+
+
+def validate(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Config]:
+    """Everything that can be checked before a process group: the arguments, the config,
+    plug-ins, device, and with `--check` (as `ddp-launch` runs it) a probe write to the
+    checkpoint location. Raises ConfigError."""
+    args = parse_args(argv)
+    config = load_config(args.config, args.overrides)
+    check_environment(config)
+    return args, config
+
+
+def check_environment(config: Config) -> None:
+    """Checks that need more than the schema: plug-ins import, URI scheme, device and AMP."""
+    DATASETS.resolve(config.data.name)
+    MODELS.resolve(config.model.name)
+    open_store(config.checkpoint)
+    device, amp = config.train.device, config.train.amp
+    if device == "cuda" and not cuda_available():
+        raise ConfigError("train.device", device, "no CUDA device is visible; use auto or cpu")
+    if amp == "fp16" and (device == "cpu" or not cuda_available()):
+        raise ConfigError("train.amp", amp, "fp16 needs a CUDA device; use bf16 or off on CPU")
+
+
+def report(error: ConfigError | RecurringCrash, context: DistContext) -> int:
+    """One line on stderr (rank-prefixed off rank 0), once for this node's ranks that fail
+    the same way, and the launcher told not to retry. The node's first rank says it,
+    unprefixed on rank 0, unless it has not within half a second: the error is another's."""
+    prefix = "" if context.is_main else f"[rank {context.rank}] "
+    line = f"{prefix}trainer: error: {error}"
+    if first_to_say(str(error), defer_s=0 if context.is_node_main else SECOND_VOICE_S):
+        write_line(line)  # one write, so ranks sharing a pipe cannot interleave it
+    if FATAL_FILE_ENV in os.environ:
+        with contextlib.suppress(OSError):
+            Path(os.environ[FATAL_FILE_ENV]).write_text(line + "\n")
+    return EXIT_CONFIG_ERROR
