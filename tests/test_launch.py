@@ -16,9 +16,10 @@ from conftest import free_port, process_env
 
 from operator_scripts.local_pods import HostsTable, LocalError
 from operator_scripts.process_runtime import check_sandbox, sandbox_command
-from trainer.distributed.launch import RendezvousWaitLine, nnodes, parse_args, relay, trainer_arguments
+from trainer.distributed.launch import RendezvousWaitLine, nnodes, parse_args, trainer_arguments
 from trainer.distributed.recurrence import CRASH_DIR_ENV, Crash, RecurringCrash, check_recurrence
 from trainer.distributed.rendezvous_host import StoreProbe, rendezvous_host, store_address
+from trainer.distributed.torchrun_output import relay
 
 TRAINER = ["-m", "trainer", "--config", "digits", "--set", "train.epochs=1"]
 

@@ -45,7 +45,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import psutil
 
@@ -58,13 +57,13 @@ from trainer.distributed.liveness import serve_health
 from trainer.distributed.node_watch import STORE_LOST_FILE_ENV
 from trainer.distributed.recurrence import CRASH_DIR_ENV
 from trainer.distributed.rendezvous_host import rendezvous_host, store_address, torchrun_option, wait_for_host
+from trainer.distributed.torchrun_output import ERROR_PREFIX, relay, say_error
 from trainer.run.startup import EXIT_CONFIG_ERROR, FATAL_FILE_ENV, validate
 from trainer.telemetry.lines import write_line
 
 EXIT_GAVE_UP = 1
 POLL_S = 0.2
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
-ERROR_PREFIX = "trainer: error: "
 # set wherever this project starts torchrun: a restart then makes a fresh store instead of
 # reusing the rendezvous one, which hung or refused connections in 3 of 7 local
 # kill-and-restart trials (docs/facts.md, "the rendezvous store"; pytorch/pytorch#135712)
@@ -204,60 +203,6 @@ def reap_orphans(keep: int) -> None:
                     os.waitpid(child.pid, os.WNOHANG)
 
 
-TRACEBACK = b"Traceback (most recent call last):"
-# what Python prints between the tracebacks of a chain of exceptions
-CHAINED = (b"During handling of the above exception", b"The above exception was the direct cause")
-
-
-def relay(stream: BinaryIO, stopping: list[int], said: list[bytes]) -> None:
-    """Copy torchrun's stderr (its workers' too) to ours. Once this pod is stopping, torchrun's
-    own report of the signal, a traceback (or a chain of them) ending in SignalException, and
-    its warnings about closing workers, are left out: the trainer's one line says what the
-    stop saved. Once a worker has said a permanent error (this wrapper then kills torchrun),
-    only error lines follow: the rest is the teardown's, such as a peer pod's store gone
-    (c10d's warning and its C++ stack). Rank 0's error lines are noted in `said`."""
-    held: list[bytes] = []
-    between = False  # `held` ends with a traceback's last line: a chained one may follow
-    failed = False
-    for line in iter(stream.readline, b""):
-        if line.startswith(ERROR_PREFIX.encode()):
-            said.append(line)
-        error = ERROR_PREFIX.encode() in line  # rank 0's, or another's with its rank's prefix
-        if failed and not error:
-            continue
-        failed = failed or error
-        if held and between:
-            if line.startswith((TRACEBACK, *CHAINED)) or not line.strip():
-                held.append(line)
-                between = not line.startswith(TRACEBACK)
-                continue
-            _write_unless_signal(held)
-            held, between = [], False
-        if stopping and (held or line.startswith(TRACEBACK)):
-            held.append(line)
-            between = not line.startswith((b" ", TRACEBACK))  # a traceback's last line
-            continue
-        if stopping and (b"closing signal SIG" in line or b"death signal, shutting down" in line):
-            continue
-        sys.stderr.buffer.write(line)
-        sys.stderr.buffer.flush()
-    _write_unless_signal(held)
-
-
-def _write_unless_signal(traceback: list[bytes]) -> None:
-    """A held traceback, unless it is the report of the signal this pod was stopped by."""
-    if not any(b"SignalException" in line for line in traceback if not line.startswith(b" ")):
-        sys.stderr.buffer.write(b"".join(traceback))
-    sys.stderr.buffer.flush()
-
-
-def _say_error(fatal_file: Path) -> None:
-    """The fatal error as rank 0 would have put it: one line, without the rank's prefix."""
-    with contextlib.suppress(OSError):
-        line = fatal_file.read_text().strip()
-        write_line(ERROR_PREFIX + line.partition(ERROR_PREFIX)[2])
-
-
 @dataclass(frozen=True)
 class PodFiles:
     """What this pod's ranks tell the wrapper through files, each under the temp folder and
@@ -337,7 +282,7 @@ def run_torchrun(
                 process.wait()
                 relaying.join(timeout=5)
                 if not said:  # another rank was first, and rank 0 was stopped before its line
-                    _say_error(fatal_file)
+                    say_error(fatal_file)
                 return EXIT_CONFIG_ERROR
             if files.store_lost.exists() and not stopping:
                 signal_tree(process.pid)
