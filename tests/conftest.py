@@ -37,6 +37,20 @@ from trainer.config.schema import load_config
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).parent / "helpers"
 CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"  # the chart's two CPU pods
+
+
+def cpu_chart_on_s3(bucket: str, prefix: str, endpoint: str, *sets: str) -> dict:
+    """The chart's two CPU pods with checkpoints in s3://BUCKET/PREFIX at `endpoint` (its
+    keys in the Secret s3-keys), `sets` over them."""
+    from operator_scripts.chart import merge_values
+
+    s3 = (
+        f"checkpoints.s3.bucket={bucket},checkpoints.s3.prefix={prefix},checkpoints.s3.endpoint={endpoint},"
+        "checkpoints.s3.region=us-east-1,checkpoints.s3.existingSecret=s3-keys"
+    )
+    return merge_values(files=[CPU_VALUES], sets=[s3, *sets])
+
+
 AUDIT = HELPERS / "audit"
 sys.path.insert(0, str(HELPERS))  # the test plug-ins, importable in-process as in subprocesses
 

@@ -17,16 +17,16 @@ import urllib.request
 import boto3
 import pytest
 from conftest import (
-    CPU_VALUES,
     REPO,
     assert_lost_within,
+    cpu_chart_on_s3,
     freeze_pod_1_once_snapshotted,
     pod_snapshot_steps,
     serve_moto,
 )
 
 from operator_scripts import image_lock
-from operator_scripts.chart import merge_values, render
+from operator_scripts.chart import render
 from operator_scripts.docker_engine import Engine, building_cli
 from operator_scripts.docker_runtime import DockerRuntime
 from operator_scripts.image import REPO as IMAGE_CONTEXT
@@ -51,16 +51,12 @@ def bucket(endpoint: str):
 def chart_values(endpoint: str, prefix: str, max_steps: int, *sets: str) -> dict:
     """The chart's CPU values with checkpoints in `e2e/PREFIX` on moto, `max_steps` steps
     and no durable checkpoint before the end."""
-    return merge_values(
-        files=[CPU_VALUES],
-        sets=[
-            f"checkpoints.s3.bucket=e2e,checkpoints.s3.prefix={prefix},checkpoints.s3.endpoint={endpoint},"
-            "checkpoints.s3.region=us-east-1,checkpoints.s3.existingSecret=s3-keys",
-            f"trainer.config.train.max_steps={max_steps},trainer.config.checkpoint.every_steps=1000,"
-            "trainer.config.log.every_steps=10",
-            *sets,
-        ],
-    )
+    return cpu_chart_on_s3(
+        "e2e", prefix, endpoint,
+        f"trainer.config.train.max_steps={max_steps},trainer.config.checkpoint.every_steps=1000,"
+        "trainer.config.log.every_steps=10",
+        *sets,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -10,19 +10,19 @@ import re
 
 import pytest
 from conftest import (
-    CPU_VALUES,
     HELPERS,
     REPO,
     S3Bucket,
     assert_bits_of_an_uninterrupted_run,
     assert_lost_within,
+    cpu_chart_on_s3,
     free_port,
     pod_snapshot_steps,
     process_env,
     s3_env,
 )
 
-from operator_scripts.chart import merge_values, render
+from operator_scripts.chart import render
 from operator_scripts.local import kill_pod, run
 from trainer.config import load_config
 from trainer.data import build_data
@@ -43,17 +43,13 @@ def shards_in_s3(s3_bucket: S3Bucket) -> str:
 
 def chart_values(s3_bucket: S3Bucket, data: str, *sets: str) -> dict:
     """The CPU chart on the bucket: its endpoint and keys (one Secret) serve the dataset too."""
-    return merge_values(
-        files=[CPU_VALUES],
-        sets=[
-            f"checkpoints.s3.bucket={s3_bucket.name},checkpoints.s3.prefix=run,"
-            f"checkpoints.s3.endpoint={s3_bucket.endpoint},checkpoints.s3.region=us-east-1,"
-            f"checkpoints.s3.existingSecret=s3-keys,metrics.port={free_port()}",
-            f"trainer.config.data.name=plugins:seen_shards,trainer.config.data.path={data},"
-            "trainer.config.checkpoint.every_steps=1000,trainer.config.log.every_steps=10",
-            *sets,
-        ],
-    )
+    return cpu_chart_on_s3(
+        s3_bucket.name, "run", s3_bucket.endpoint,
+        f"metrics.port={free_port()}",
+        f"trainer.config.data.name=plugins:seen_shards,trainer.config.data.path={data},"
+        "trainer.config.checkpoint.every_steps=1000,trainer.config.log.every_steps=10",
+        *sets,
+    )  # fmt: skip
 
 
 def host_env() -> dict[str, str]:
