@@ -1,4 +1,4 @@
-"""`ddp-ops`: the operator's CLI for the chart's PyTorchJob.
+"""`ddp-ops`: the operator's CLI for the chart's job (a PyTorchJob, or a TrainJob with jobKind=TrainJob).
 
 ddp-ops render  [-f VALUES] [--set K=V] [--release R] [-n NS] [--code DIR]   manifests, as helm template
 ddp-ops submit  [-f VALUES] [--set K=V] [--release R] [-n NS] [--code DIR] [--dry-run]
@@ -51,8 +51,23 @@ def _chart_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class DeprecatedName(argparse.Action):
+    """An option's old name: still honoured for one release, with a line that names the new one."""
+
+    def __init__(self, *args, new: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        line = f"{parser.prog}: {option_string} is deprecated: use {self.new} (the same value)"
+        print(line, file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def _job_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("job", help="PyTorchJob name (the release's full name, e.g. ddp-run-ddp-trainer)")
+    parser.add_argument(
+        "job", help="the PyTorchJob's or TrainJob's name (the release's full name, e.g. ddp-run-ddp-trainer)"
+    )
     parser.add_argument("-n", "--namespace", default="default", help="namespace (default default)")
 
 
@@ -94,8 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     local.add_argument("--workdir", type=Path, help="folder for the pods' files (default: a temporary one)")
     local.add_argument(
-        "--timeout", type=positive_float, default=3600, help="seconds before the job counts as failed"
+        "--timeout-s", type=positive_float, default=3600, help="seconds before the job counts as failed"
     )
+    local.add_argument(
+        "--timeout", type=positive_float, dest="timeout_s", action=DeprecatedName, new="--timeout-s",
+        help="the old name of --timeout-s",
+    )  # fmt: skip
     local.add_argument(
         "--delay",
         action="append",
@@ -199,7 +218,7 @@ def _local(args: argparse.Namespace) -> int:
         for pod, seconds in args.freeze_node
     ]
     options = {
-        "timeout": args.timeout,
+        "timeout": args.timeout_s,
         "delays": dict(args.delay),
         "node_losses": losses,
         "node_grace_s": args.node_monitor_grace_period,

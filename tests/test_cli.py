@@ -20,7 +20,7 @@ from object_api import ObjectApi
 from replay_api import ReplayApi
 from trainer_v2_rules import trainer_admission
 
-from operator_scripts.cli import main
+from operator_scripts.cli import build_parser, main
 from operator_scripts.cluster import format_status, summarize
 
 HAND_BUILT = REPO / "tests" / "hand-built"
@@ -87,6 +87,16 @@ def test_every_bad_input_is_one_line_and_exit_2(argv, env, line, capsys, monkeyp
     assert code == 2 and captured.out == ""
     assert len(captured.err.strip().splitlines()) == 1, captured.err
     assert line in captured.err
+
+
+def test_an_options_old_name_is_honoured_with_a_line_naming_the_new_one(capsys):
+    """`ddp-ops local --timeout` became `--timeout-s` (the config's unit suffix): the old
+    name still works for one release and says which to use."""
+    assert build_parser().parse_args(["local", "--timeout", "120"]).timeout_s == 120.0
+    said = capsys.readouterr().err
+    assert said == "ddp-ops local: --timeout is deprecated: use --timeout-s (the same value)\n"
+    assert build_parser().parse_args(["local", "--timeout-s", "90"]).timeout_s == 90.0
+    assert build_parser().parse_args(["local"]).timeout_s == 3600.0 and capsys.readouterr().err == ""
 
 
 def test_without_the_ops_extra_status_reaches_the_cluster_and_render_says_what_to_install(

@@ -303,7 +303,7 @@ def test_ddp_ops_local_exits_1_on_a_failed_job_and_its_last_line_says_why(tmp_pa
     completed = subprocess.run(
         [sys.executable, "-m", "operator_scripts.cli", "local", "-f", str(CPU_VALUES),
          "--set", NOT_IN_THE_IMAGE, "--release", "bad-run", "--workdir", str(tmp_path / "pods"),
-         "--timeout", "120"],
+         "--timeout-s", "120"],
         env=process_env(),
         capture_output=True,
         text=True,

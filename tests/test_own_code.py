@@ -110,7 +110,7 @@ def test_ddp_ops_local_trains_the_example_shipped_with_code(tmp_path):
     completed = subprocess.run(
         [sys.executable, "-m", "operator_scripts.cli", "local", "--code", str(PACKAGE), "-f", str(CPU_VALUES),
          "--set", f"{PLUGINS},trainer.config.train.epochs=2", "--workdir", str(tmp_path / "pods"),
-         "--timeout", "180"],
+         "--timeout-s", "180"],
         env=process_env(), capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
@@ -156,7 +156,7 @@ def test_a_shipped_model_with_a_shape_bug_fails_in_one_line_before_any_step(tmp_
     started = time.monotonic()
     completed = subprocess.run(
         [sys.executable, "-m", "operator_scripts.cli", "local", "--code", str(broken), "-f", str(CPU_VALUES),
-         "--set", PLUGINS, "--workdir", str(tmp_path / "pods"), "--timeout", "120"],
+         "--set", PLUGINS, "--workdir", str(tmp_path / "pods"), "--timeout-s", "120"],
         env=process_env(), capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     elapsed = time.monotonic() - started
