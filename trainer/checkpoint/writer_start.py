@@ -24,8 +24,8 @@ import traceback
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
-from trainer.checkpoint import writer_process
 from trainer.checkpoint.writer_process import WRITER_NICENESS
+from trainer.checkpoint.writer_process import run as run_writer
 
 # not `-m`: the package already imports the module, and runpy would run a second copy
 WRITER_MAIN = (
@@ -92,7 +92,7 @@ def _fork_writer() -> ForkedWriter:
             os.dup2(2, 1)
             os.close(inbox_write)
             os.close(outbox_read)
-            code = writer_process.run(os.fdopen(inbox_read, "rb"), os.fdopen(outbox_write, "wb"))
+            code = run_writer(os.fdopen(inbox_read, "rb"), os.fdopen(outbox_write, "wb"))
         except BaseException:
             traceback.print_exc()
         finally:
