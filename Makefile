@@ -62,12 +62,12 @@ gpu-check: $(INSTALLED)
 ## image: the CUDA image, tagged as the chart's image; starts a private dockerd when none answers
 ## and builds on a stand-in base when no registry does (README, "The image")
 image: $(INSTALLED) image-tools
-	$(BIN)/python -m operator_scripts.image
+	$(BIN)/python -m operator_scripts.image.build
 
 ## image-e2e: the chart's CPU job as containers of that image (ddp-ops local --runtime docker):
 ## Succeeded, a SIGKILLed pod resumed, a metrics scrape, rank 0's docker logs; and a code change's layers
 image-e2e: $(INSTALLED) image-tools
-	$(BIN)/python -m operator_scripts.docker_engine -- $(BIN)/pytest -m image -p no:cacheprovider -s tests/test_image_e2e.py
+	$(BIN)/python -m operator_scripts.image.engine -- $(BIN)/pytest -m image -p no:cacheprovider -s tests/test_image_e2e.py
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

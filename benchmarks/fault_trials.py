@@ -75,8 +75,9 @@ from benchmarks.node_trials import NODE_FAULTS, NodeTrial, TwoNodes, node_trial,
 from benchmarks.pod_trials import freeze_trial, reference_job_state
 from benchmarks.storage_trials import STORAGE_FAULTS, storage_trials
 from benchmarks.trial_record import Timeline, Trial, final_state, same_state
-from trainer.distributed.fork_protocol import SWITCH_ENV, listening
-from trainer.distributed.launch import RDZV_ENV, signal_tree
+from trainer.launcher.fork_protocol import SWITCH_ENV, listening
+from trainer.launcher.launch import RDZV_ENV
+from trainer.launcher.process_tree import signal_tree
 
 OVERRIDES = (
     "model.dropout=0.3,checkpoint.every_steps=1000,log.every_steps=1,log.format=json,"

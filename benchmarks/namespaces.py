@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from operator_scripts.pod_sandbox import bind_mount
+from operator_scripts.local.runtimes.sandbox import bind_mount
 
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000  # linux/sched.h
 MS_REC, MS_PRIVATE = 0x4000, 0x40000  # linux/mount.h

@@ -24,7 +24,7 @@ from typing import TextIO
 
 from benchmarks.namespaces import Network
 from benchmarks.trial_record import DETECTION_BOUND_S, TRAINING_BOUND_S
-from trainer.distributed.launch import signal_tree
+from trainer.launcher.process_tree import signal_tree
 
 # the chart's settings (helm/values.yaml, elastic.rdzvConf): a frozen agent's keep-alive
 # expires after 2 x 3 s, and a round with enough nodes closes 5 s after the last join
@@ -101,7 +101,7 @@ class TwoNodes:
             # says whether it hosts the rendezvous store (its name resolves to neither address)
             conf, local = f"{conf},is_host={int(index == 0)}", [f"--local-addr={self.addresses[index]}"]
         return [
-            *self.prefixes[index], sys.executable, "-m", "trainer.distributed.launch", "--relaunches=3",
+            *self.prefixes[index], sys.executable, "-m", "trainer.launcher.launch", "--relaunches=3",
             *self.launcher_args, "--",
             f"--nnodes={self.nnodes}", "--nproc-per-node=1", "--max-restarts=5", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={self.addresses[0]}:{self.port}", "--rdzv-id=nodes", f"--rdzv-conf={conf}",

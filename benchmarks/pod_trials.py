@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.trial_record import Timeline, Trial, final_state, same_state
-from operator_scripts.chart import CHART_DIR, merge_values, render
-from operator_scripts.local import freeze_pod, run
+from operator_scripts.chart.render import merge_values, render
+from operator_scripts.local.run import freeze_pod, run
+from operator_scripts.paths import CHART_DIR
 
 PROBES = (
     "liveness.periodSeconds=2,liveness.timeoutSeconds=2,liveness.failureThreshold=3,"

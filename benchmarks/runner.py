@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from benchmarks.baseline import WARMUP_WINDOWS
 from benchmarks.cpu_time import TreeCpuSampler, per_thousand
-from trainer.distributed.launch import RDZV_ENV
+from trainer.launcher.launch import RDZV_ENV
 
 
 @dataclass(frozen=True)

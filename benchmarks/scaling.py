@@ -32,7 +32,7 @@ from pathlib import Path
 from benchmarks.plots import plot_scaling, plot_step_split
 from benchmarks.runner import run_baseline, run_trainer, torchrun
 from benchmarks.scaling_results import Link, Scaling
-from operator_scripts.estimate import (
+from operator_scripts.reports.estimate import (
     ddp_bucket_bytes,
     ddp_buckets,
     with_communication,

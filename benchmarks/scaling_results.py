@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from benchmarks.runner import SPLIT_FIELDS
-from operator_scripts.estimate import Interconnect, ring_allreduce_seconds
+from operator_scripts.reports.estimate import Interconnect, ring_allreduce_seconds
 
 LINK_FIELDS = ("latency", "bandwidth", "step_seconds")
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.fault_proxy import FaultProxy
-from trainer.distributed.launch import signal_tree
+from trainer.launcher.process_tree import signal_tree
 
 WRITER_STOP_BOUNDS = {"steps": 40, "steps_within_s": 20.0, "named_within_s": 60.0}
 DIGITS = (

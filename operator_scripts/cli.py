@@ -23,10 +23,10 @@ from pathlib import Path
 
 import yaml
 
-from operator_scripts.chart import ValuesError, deep_merge, merge_values, render
-from operator_scripts.cluster import Cluster, ClusterError, format_status
-from operator_scripts.code_bundle import CodeError, code_values
-from operator_scripts.node_loss import NODE_MONITOR_GRACE_S, NodeLossPlan
+from operator_scripts.chart.code_bundle import CodeError, code_values
+from operator_scripts.chart.render import ValuesError, deep_merge, merge_values, render
+from operator_scripts.cluster.client import Cluster, ClusterError, format_status
+from operator_scripts.local.node_loss import NODE_MONITOR_GRACE_S, NodeLossPlan
 from trainer.config.argparsing import OneLineParser, existing_file, positive_float
 
 HELM_COMMANDS = ("render", "submit", "local")
@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--node-monitor-grace-period", type=positive_float, default=NODE_MONITOR_GRACE_S, metavar="SECONDS",
         help="seconds without a node's status before it is NotReady (kube-controller-manager's; default 40)",
     )  # fmt: skip
-    # listed for --help; its own options are parsed by operator_scripts.estimate
+    # listed for --help; its own options are parsed by operator_scripts.reports.estimate
     commands.add_parser(
         "estimate", help="predict speedup at N devices (ring all-reduce model)", add_help=False
     )
@@ -201,8 +201,8 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _local(args: argparse.Namespace) -> int:
-    from operator_scripts.local import run
-    from operator_scripts.local_pods import LocalError
+    from operator_scripts.local.pods import LocalError
+    from operator_scripts.local.run import run
 
     rendered = _render(args)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ddp-local-"))
@@ -238,10 +238,10 @@ def _local(args: argparse.Namespace) -> int:
 
 def _local_in_docker(rendered, workdir: Path, subnet: str, options: dict):
     """The job's pods as containers, with the engine that answers or a private one."""
-    from operator_scripts.docker_engine import EngineError, engine
-    from operator_scripts.docker_runtime import DockerRuntime
-    from operator_scripts.local import run
-    from operator_scripts.local_pods import LocalError
+    from operator_scripts.image.engine import EngineError, engine
+    from operator_scripts.local.pods import LocalError
+    from operator_scripts.local.run import run
+    from operator_scripts.local.runtimes.docker import DockerRuntime
 
     (job,) = [
         item["metadata"]["name"] for item in rendered.objects if item["kind"] in ("PyTorchJob", "TrainJob")
@@ -257,7 +257,7 @@ def _local_in_docker(rendered, workdir: Path, subnet: str, options: dict):
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["estimate"]:
-        from operator_scripts.estimate import main as estimate
+        from operator_scripts.reports.estimate import main as estimate
 
         return estimate(argv[1:])
     args = build_parser().parse_args(argv)

@@ -42,7 +42,7 @@ CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"  # the chart's two CPU pod
 def cpu_chart_on_s3(bucket: str, prefix: str, endpoint: str, *sets: str) -> dict:
     """The chart's two CPU pods with checkpoints in s3://BUCKET/PREFIX at `endpoint` (its
     keys in the Secret s3-keys), `sets` over them."""
-    from operator_scripts.chart import merge_values
+    from operator_scripts.chart.render import merge_values
 
     s3 = (
         f"checkpoints.s3.bucket={bucket},checkpoints.s3.prefix={prefix},checkpoints.s3.endpoint={endpoint},"
@@ -171,7 +171,7 @@ def freeze_pod_1_once_snapshotted(step: int, frozen: list[str]):
     """An `on_tick` for `ddp-ops local`'s `run`: once every pod holds a snapshot of `step` or
     later, freeze every process of pod 1 (the runtime's stand-in for a frozen node), once;
     its name goes into `frozen`."""
-    from operator_scripts.local import freeze_pod
+    from operator_scripts.local.run import freeze_pod
 
     def tick(pods) -> None:
         if not frozen and min(max(pod_snapshot_steps(pod.folder), default=0) for pod in pods) >= step:
@@ -496,7 +496,7 @@ def prometheus_server(tmp_path: Path) -> Iterator[PrometheusServer]:
     a 1 s scrape of `metrics_port`. `make test` installs the binary (Debian's 'prometheus')."""
     binary = shutil.which("prometheus")
     assert binary, "prometheus is not installed: `make test` installs Debian's 'prometheus'"
-    from operator_scripts.monitoring import RULES_FILE
+    from operator_scripts.generate.monitoring import RULES_FILE
 
     metrics_port, web_port = free_port(), free_port()
     config = {

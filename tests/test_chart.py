@@ -12,7 +12,9 @@ from chart_scenarios import K8S_VERSION, SCENARIOS, pod_templates, scenario, tra
 from helm_python import HelmError, lint
 from trainer_v2_rules import node_job
 
-from operator_scripts.chart import CHART_DIR, ValuesError, documented_keys, merge_values, render
+from operator_scripts.chart.render import ValuesError, merge_values, render
+from operator_scripts.generate.values_table import documented_keys
+from operator_scripts.paths import CHART_DIR
 from trainer.config import from_tree
 
 # ----- render and lint --------------------------------------------------------------------

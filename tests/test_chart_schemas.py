@@ -13,7 +13,7 @@ import pytest
 from chart_scenarios import K8S_VERSION, SCENARIOS, pod_templates, scenario
 from k8s_rules import pytorchjob_schema, webhook_problems
 
-from operator_scripts.chart import render
+from operator_scripts.chart.render import render
 
 # ----- the PyTorchJob as the operator sees it --------------------------------------------
 

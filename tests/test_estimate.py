@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from operator_scripts.estimate import (
+from operator_scripts.reports.estimate import (
     PRESETS,
     Interconnect,
     ddp_buckets,

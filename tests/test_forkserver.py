@@ -1,4 +1,4 @@
-"""The fork server (trainer/distributed/forkserver.py) with real processes: torchrun's
+"""The fork server (trainer/launcher/forkserver.py) with real processes: torchrun's
 restarted workers are forked from it and end bit for bit as an uninterrupted run; signals
 and exits pass through the small client torchrun watches, both ways; a killed client takes
 its child with it; a worker it cannot serve starts cold; the server ends with its agent."""
@@ -18,8 +18,8 @@ import pytest
 from conftest import free_port, json_records, load_checkpoint, process_env, run_torchrun, torchrun_command
 
 from benchmarks.trial_record import same_state
-from trainer.distributed.fork_protocol import listening, socket_path
-from trainer.distributed.launch import signal_tree
+from trainer.launcher.fork_protocol import listening, socket_path
+from trainer.launcher.process_tree import signal_tree
 
 # the server imports at idle CPU priority: beside other tests it may not listen for minutes
 pytestmark = pytest.mark.alone
@@ -40,7 +40,7 @@ def servers(agent_pid: int) -> list[psutil.Process]:
     found = {}
     for process in psutil.process_iter(["cmdline", "ppid"]):
         cmdline = process.info["cmdline"] or []
-        if "trainer.distributed.forkserver" in cmdline and cmdline[-1] == str(agent_pid):
+        if "trainer.launcher.forkserver" in cmdline and cmdline[-1] == str(agent_pid):
             found[process.pid] = process
     return [process for process in found.values() if process.info["ppid"] not in found]
 
@@ -62,7 +62,7 @@ def test_the_client_a_worker_runs_imports_no_torch():
     """A warm restart's worth is the imports the client skips: `python -m trainer`'s first
     import, the fork client, must leave torch unloaded (a fresh interpreter says so)."""
     check = (
-        "import sys, trainer.distributed.fork_client; "
+        "import sys, trainer.launcher.fork_client; "
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'numpy'))))"
     )
     loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=process_env())
@@ -165,7 +165,7 @@ def start_listening_server(agent_pid: int) -> tuple[subprocess.Popen, Path]:
     path.parent.mkdir(mode=0o700, exist_ok=True)
     path.with_suffix(".lock").touch()  # as the worker that started it left it
     server = subprocess.Popen(
-        [sys.executable, "-u", "-m", "trainer.distributed.forkserver", str(path), str(agent_pid)],
+        [sys.executable, "-u", "-m", "trainer.launcher.forkserver", str(path), str(agent_pid)],
         env=env, start_new_session=True,
     )  # fmt: skip
     deadline = time.monotonic() + 120

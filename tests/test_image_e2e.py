@@ -25,13 +25,13 @@ from conftest import (
     serve_moto,
 )
 
-from operator_scripts import image_lock
-from operator_scripts.chart import render
-from operator_scripts.docker_engine import Engine, building_cli
-from operator_scripts.docker_runtime import DockerRuntime
-from operator_scripts.image import REPO as IMAGE_CONTEXT
-from operator_scripts.image import build, build_derived, choose_base, default_ca, default_tag, history
-from operator_scripts.local import LocalPod, kill_pod, run
+from operator_scripts.chart.render import render
+from operator_scripts.image import lock as image_lock
+from operator_scripts.image.build import REPO as IMAGE_CONTEXT
+from operator_scripts.image.build import build, build_derived, choose_base, default_ca, default_tag, history
+from operator_scripts.image.engine import Engine, building_cli
+from operator_scripts.local.run import LocalPod, kill_pod, run
+from operator_scripts.local.runtimes.docker import DockerRuntime
 
 pytestmark = pytest.mark.image
 

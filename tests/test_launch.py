@@ -14,12 +14,12 @@ import time
 import pytest
 from conftest import free_port, process_env
 
-from operator_scripts.local_pods import HostsTable, LocalError
-from operator_scripts.process_runtime import check_sandbox, sandbox_command
-from trainer.distributed.launch import RendezvousWaitLine, nnodes, parse_args, trainer_arguments
+from operator_scripts.local.pods import HostsTable, LocalError
+from operator_scripts.local.runtimes.process import check_sandbox, sandbox_command
 from trainer.distributed.recurrence import CRASH_DIR_ENV, Crash, RecurringCrash, check_recurrence
-from trainer.distributed.rendezvous_host import StoreProbe, rendezvous_host, store_address
-from trainer.distributed.torchrun_output import relay
+from trainer.launcher.launch import RendezvousWaitLine, nnodes, parse_args, trainer_arguments
+from trainer.launcher.rendezvous_host import StoreProbe, rendezvous_host, store_address
+from trainer.launcher.torchrun_output import relay
 
 TRAINER = ["-m", "trainer", "--config", "digits", "--set", "train.epochs=1"]
 
@@ -121,7 +121,7 @@ def test_a_wait_for_nodes_is_said_at_a_steady_interval_and_no_more_once_workers_
 
 def launch(*args: str, cwd, env: dict | None = None, prefix: list[str] = (), timeout: float = 60):
     return subprocess.run(
-        [*prefix, sys.executable, "-m", "trainer.distributed.launch", *args],
+        [*prefix, sys.executable, "-m", "trainer.launcher.launch", *args],
         cwd=cwd,
         env=process_env(env),
         capture_output=True,
@@ -265,7 +265,7 @@ def test_a_crash_is_permanent_only_where_it_repeats_at_the_same_step(tmp_path, m
 ORPHANS = """
 import os, subprocess, sys, time
 import psutil
-from trainer.distributed.launch import adopt_orphans, reap_orphans
+from trainer.launcher.process_tree import adopt_orphans, reap_orphans
 
 adopt_orphans()
 # a child that starts a grandchild and exits at once: the grandchild is an orphan

@@ -247,7 +247,7 @@ def launch(workdir: Path, overrides: str, env: dict) -> subprocess.Popen:
         [
             sys.executable,
             "-m",
-            "trainer.distributed.launch",
+            "trainer.launcher.launch",
             "--",
             *torchrun_command(["--set", overrides])[3:],
         ],

@@ -14,9 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from conftest import CPU_VALUES, HELPERS, REPO, free_port, freeze_pod_1_once_snapshotted, process_env
 
-from operator_scripts.chart import merge_values, render
-from operator_scripts.kubelet_probe import ContainerProber, ProbeSpec
-from operator_scripts.local import run
+from operator_scripts.chart.render import merge_values, render
+from operator_scripts.local.kubelet_probe import ContainerProber, ProbeSpec
+from operator_scripts.local.run import run
 from trainer.config import WatchdogConfig
 from trainer.distributed.heartbeat import Heartbeat
 from trainer.distributed.liveness import serve_health

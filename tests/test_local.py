@@ -24,13 +24,13 @@ from conftest import (
     process_env,
 )
 
-from operator_scripts.chart import merge_values, render
-from operator_scripts.docker_engine import Engine
-from operator_scripts.docker_runtime import DockerRuntime
-from operator_scripts.local import kill_pod, run
-from operator_scripts.local_pods import HostsTable, LocalError, prepare
-from operator_scripts.operator_env import injected_env, plan_pods, rank0_selector
-from operator_scripts.process_runtime import claim_host_ports
+from operator_scripts.chart.render import merge_values, render
+from operator_scripts.controllers.pytorchjob_env import injected_env, plan_pods, rank0_selector
+from operator_scripts.image.engine import Engine
+from operator_scripts.local.pods import HostsTable, LocalError, prepare
+from operator_scripts.local.run import kill_pod, run
+from operator_scripts.local.runtimes.docker import DockerRuntime
+from operator_scripts.local.runtimes.process import claim_host_ports
 
 KINDS = ["PyTorchJob", "TrainJob"]
 DONE = {"PyTorchJob": "Succeeded", "TrainJob": "Complete"}  # the condition each kind shows

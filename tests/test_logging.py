@@ -48,7 +48,7 @@ def test_only_rank_0_logs_info(monkeypatch):
 
 WRITER = """
 import json, sys
-from trainer.telemetry.lines import write_line
+from trainer.lines import write_line
 for n in range(400):
     write_line(json.dumps({"writer": int(sys.argv[1]), "n": n, "stack": ["frame" * 300]}), sys.stdout)
 """

@@ -99,7 +99,14 @@ def test_run_report_draws_a_png_from_the_runs_own_log(workdir):
     log = workdir / "run.jsonl"
     log.write_text(completed.stdout)
     report = subprocess.run(
-        [sys.executable, "-m", "operator_scripts.report", str(log), "--out", str(workdir / "run.png")],
+        [
+            sys.executable,
+            "-m",
+            "operator_scripts.reports.report",
+            str(log),
+            "--out",
+            str(workdir / "run.png"),
+        ],
         cwd=workdir,
         env=process_env(),
         capture_output=True,
@@ -112,7 +119,7 @@ def test_run_report_draws_a_png_from_the_runs_own_log(workdir):
 
     (workdir / "empty.jsonl").write_text(json.dumps({"event": "start"}) + "\n")
     empty = subprocess.run(
-        [sys.executable, "-m", "operator_scripts.report", str(workdir / "empty.jsonl")],
+        [sys.executable, "-m", "operator_scripts.reports.report", str(workdir / "empty.jsonl")],
         cwd=workdir,
         env=process_env(),
         capture_output=True,

@@ -1,4 +1,4 @@
-"""A frozen node under `ddp-ops local` (operator_scripts.node_loss): its kubelet is silent,
+"""A frozen node under `ddp-ops local` (operator_scripts.local.node_loss): its kubelet is silent,
 so no probe and no exit; the node controller marks it NotReady after its grace period, the
 taint manager evicts its pod after the pod's toleration, and the pod object goes, and the
 operator re-creates it, only once the node answers again or is deleted."""
@@ -13,13 +13,13 @@ import time
 import pytest
 from conftest import CPU_VALUES, HELPERS, REPO, free_port, pod_snapshot_steps, process_env
 
-from operator_scripts.chart import merge_values, render
+from operator_scripts.chart.render import merge_values, render
 from operator_scripts.cli import main as ddp_ops
-from operator_scripts.job_rules import PyTorchJobRules, TrainJobRules
-from operator_scripts.jobset_status import after_disruption
-from operator_scripts.local import lose_node, run
-from operator_scripts.node_loss import DEFAULT_TOLERATION_S, NodeLoss, NodeLossPlan, toleration_seconds
-from operator_scripts.operator_status import PodState
+from operator_scripts.controllers.job_rules import PyTorchJobRules, TrainJobRules
+from operator_scripts.controllers.jobset_status import after_disruption
+from operator_scripts.controllers.pytorchjob_status import PodState
+from operator_scripts.local.node_loss import DEFAULT_TOLERATION_S, NodeLoss, NodeLossPlan, toleration_seconds
+from operator_scripts.local.run import lose_node, run
 
 UNREACHABLE = "node.kubernetes.io/unreachable"
 

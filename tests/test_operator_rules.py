@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from operator_scripts.operator_env import injected_env, with_defaults
-from operator_scripts.operator_status import (
+from operator_scripts.controllers.pytorchjob_env import injected_env, with_defaults
+from operator_scripts.controllers.pytorchjob_status import (
     PodState,
     after_exit,
     job_condition,

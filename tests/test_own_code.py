@@ -14,10 +14,10 @@ import pytest
 import torch
 from conftest import CPU_VALUES, REPO, process_env
 
-from operator_scripts.chart import deep_merge, merge_values, render
-from operator_scripts.code_bundle import CONFIGMAP_LIMIT, CodeError, code_values
-from operator_scripts.local import run
-from operator_scripts.local_pods import LocalError, _projected
+from operator_scripts.chart.code_bundle import CONFIGMAP_LIMIT, CodeError, code_values
+from operator_scripts.chart.render import deep_merge, merge_values, render
+from operator_scripts.local.pods import LocalError, _projected
+from operator_scripts.local.run import run
 from trainer.config import ConfigError, DataConfig
 from trainer.config.registry import Registry
 

@@ -20,7 +20,7 @@ import torch
 from conftest import load_checkpoint, process_env, run_torchrun, s3_env
 
 from benchmarks.fault_proxy import FaultProxy
-from trainer.distributed.launch import signal_tree
+from trainer.launcher.process_tree import signal_tree
 
 SLOW = (
     "data.name=plugins:slow_digits,data.options.delay_s=0.002,model.dropout=0.3,train.max_steps=60,"
@@ -44,7 +44,7 @@ def _no_run_left_behind():
 
 def launch(args: list[str], workdir: Path, env: dict[str, str]) -> subprocess.Popen:
     """`ddp-launch -- --standalone --nproc_per_node=2 -m trainer ARGS`, as `make demo` runs it."""
-    command = [sys.executable, "-m", "trainer.distributed.launch", "--", "--standalone", "--nproc_per_node=2"]
+    command = [sys.executable, "-m", "trainer.launcher.launch", "--", "--standalone", "--nproc_per_node=2"]
     agent = subprocess.Popen(
         [*command, "-m", "trainer", *args],
         cwd=workdir,

@@ -16,7 +16,7 @@ import torch
 from conftest import REPO, free_port, load_checkpoint, node_env, process_env, run_torchrun, torchrun_command
 from snapshot_folders import snapshot_steps
 
-from trainer.distributed.launch import signal_tree
+from trainer.launcher.process_tree import signal_tree
 
 
 @pytest.mark.slow

@@ -22,8 +22,8 @@ from conftest import (
     s3_env,
 )
 
-from operator_scripts.chart import render
-from operator_scripts.local import kill_pod, run
+from operator_scripts.chart.render import render
+from operator_scripts.local.run import kill_pod, run
 from trainer.config import load_config
 from trainer.data import build_data
 from trainer.data.shards import build_shards

@@ -18,7 +18,7 @@ from conftest import free_port, process_env, run_torchrun, torchrun_command
 from snapshot_folders import snapshot_steps
 
 from trainer.checkpoint.snapshots import AUTO_FIRST, AUTO_MIN, PAUSE_BUDGET, SnapshotPacer, auto_interval
-from trainer.distributed.launch import signal_tree
+from trainer.launcher.process_tree import signal_tree
 
 LAST = 40 * 19  # 40 epochs of digits' 19 steps: long enough for several paced snapshots
 AUTO_LINE = re.compile(
@@ -191,9 +191,9 @@ def test_the_pacer_counts_a_snapshots_pause_not_the_time_a_save_waited_for_the_w
     import torch
 
     from trainer.checkpoint import Checkpointer, LocalStore
-    from trainer.checkpoint.policy import CheckpointPolicy
     from trainer.config import CheckpointConfig
     from trainer.distributed.process_group import DistContext
+    from trainer.loop.checkpoint_policy import CheckpointPolicy
     from trainer.telemetry.metrics import Metrics
     from trainer.telemetry.progress import Window
     from trainer.telemetry.timing import CHECKPOINT, PARTS

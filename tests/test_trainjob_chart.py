@@ -15,7 +15,7 @@ from chart_scenarios import K8S_VERSION, SCENARIOS
 from helm_python import HelmError
 from trainer_v2_rules import crd_schema, node_container, node_job, trainjob_problems
 
-from operator_scripts.chart import merge_values, render
+from operator_scripts.chart.render import merge_values, render
 
 # scenarios that set what a TrainJob cannot take, and the value its refusal names first
 REFUSED = {"irsa-kueue-gang-values.yaml": "elastic.minNodes=1, elastic.maxNodes=4"}

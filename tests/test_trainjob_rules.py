@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import pytest
 
-from operator_scripts.chart import merge_values, render
-from operator_scripts.job_rules import TrainJobRules, rules_for
-from operator_scripts.jobset_status import after_exit, job_failure, on_job_failure, replacement_delay
-from operator_scripts.local_pods import expand
-from operator_scripts.operator_status import PodState
-from operator_scripts.trainjob_env import plan_pods
+from operator_scripts.chart.render import merge_values, render
+from operator_scripts.controllers.job_rules import TrainJobRules, rules_for
+from operator_scripts.controllers.jobset_status import (
+    after_exit,
+    job_failure,
+    on_job_failure,
+    replacement_delay,
+)
+from operator_scripts.controllers.pytorchjob_status import PodState
+from operator_scripts.controllers.trainjob_env import plan_pods
+from operator_scripts.local.pods import expand
 
 EXIT_CODE_POLICY = {  # the chart's: restartPolicy ExitCode as training-operator v1 means it
     "rules": [

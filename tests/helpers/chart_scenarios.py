@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from operator_scripts.chart import CHART_DIR, merge_values, render
+from operator_scripts.chart.render import merge_values, render
+from operator_scripts.paths import CHART_DIR
 
 SCENARIOS = sorted((CHART_DIR / "ci").glob("*-values.yaml"))
 K8S_VERSION = "1.30.0"

@@ -4,11 +4,10 @@ rank 0's background writer."""
 from trainer.checkpoint.location import open_store
 from trainer.checkpoint.manager import Checkpointer, CheckpointError, SavedCheckpoint
 from trainer.checkpoint.store import CheckpointStore, LocalStore
-from trainer.checkpoint.writer import CheckpointStats, CheckpointWriter
+from trainer.checkpoint.writer import CheckpointWriter
 
 __all__ = [
     "CheckpointError",
-    "CheckpointStats",
     "CheckpointStore",
     "CheckpointWriter",
     "Checkpointer",

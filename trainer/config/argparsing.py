@@ -42,8 +42,3 @@ def _number(text: str, kind: type) -> float:
         return kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: not a {kind.__name__}") from None
-
-
-def last_line(output: str, default: str) -> str:
-    """The last line a failed tool printed (usually its reason), for a one-line error."""
-    return (output.strip().splitlines() or [default])[-1]

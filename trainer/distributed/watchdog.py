@@ -42,7 +42,7 @@ from pathlib import Path
 import psutil
 
 from trainer.distributed.heartbeat import STACK_SIGNAL, Record, read_records, stack_file
-from trainer.telemetry.lines import write_line
+from trainer.lines import write_line
 
 STACK_WAIT_S = 0.5
 VERDICTS_FILE = "verdicts.json"

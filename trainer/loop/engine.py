@@ -1,9 +1,9 @@
 """The training loop: resume, train with periodic logs and checkpoints, validate, stop, test.
 
-What is saved and when lives in `trainer.checkpoint.policy`, what a checkpoint holds in
-`trainer.checkpoint.training_state`, the run's end and schedule in `trainer.loop.plan`, the
-start lines in `trainer.telemetry.banner` and the stop at a signal in
-`trainer.distributed.preemption`; this module strings them together."""
+What is saved and when lives in `trainer.loop.checkpoint_policy`, what a checkpoint holds in
+`trainer.loop.training_state`, the run's end and schedule in `trainer.loop.plan`, the
+start lines in `trainer.loop.banner` and the stop at a signal in
+`trainer.loop.preemption`; this module strings them together."""
 
 from __future__ import annotations
 
@@ -17,22 +17,22 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from trainer.checkpoint import Checkpointer
-from trainer.checkpoint.policy import CheckpointPolicy, describe_holders
 from trainer.checkpoint.recovery import ResumePoint, recover
-from trainer.checkpoint.training_state import TrainingState
 from trainer.checkpoint.writer_start import WriterHandle
 from trainer.config import Config
 from trainer.data import DataSplits, eval_loader, train_loader
 from trainer.distributed import heartbeat as phases
 from trainer.distributed.heartbeat import Heartbeat
-from trainer.distributed.preemption import LEASE_LOST, Stopped, StopSignal, report_stop
 from trainer.distributed.process_group import DistContext, broadcast_flag, broadcast_object
+from trainer.loop.banner import RunFacts, announce_start
+from trainer.loop.checkpoint_policy import CheckpointPolicy, describe_holders
 from trainer.loop.early_stopping import EarlyStopping
 from trainer.loop.evaluate import evaluate, log_validation
 from trainer.loop.optim import LRSchedule, batch_math, build_optimizer
 from trainer.loop.plan import Progress, finished, plan, steps_per_epoch
+from trainer.loop.preemption import LEASE_LOST, Stopped, StopSignal, report_stop
 from trainer.loop.step import autocast_for, train_step
-from trainer.telemetry.banner import RunFacts, announce_start
+from trainer.loop.training_state import TrainingState
 from trainer.telemetry.log import event
 from trainer.telemetry.metrics import Metrics, peak_flops
 from trainer.telemetry.progress import (

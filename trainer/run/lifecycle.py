@@ -16,18 +16,18 @@ from pathlib import Path
 import torch
 
 from trainer.checkpoint import Checkpointer, open_store, rng
-from trainer.checkpoint.policy import NotDurable
 from trainer.checkpoint.writer_start import WriterHandle, spawn_writer
 from trainer.config import CheckpointConfig, Config, ConfigError
 from trainer.data import DataSplits, build_data
 from trainer.distributed.heartbeat import Heartbeat, heartbeat_dir
 from trainer.distributed.node_watch import start_node_watch
-from trainer.distributed.preemption import LEASE_LOST, Stopped, StopSignal
 from trainer.distributed.process_group import DistContext, peer_lost, process_group, select_device
 from trainer.distributed.recurrence import Crash, RecurringCrash, check_recurrence
 from trainer.distributed.watchdog import start_watchdog
+from trainer.loop.checkpoint_policy import NotDurable
 from trainer.loop.engine import Trainer
 from trainer.loop.plan import steps_per_epoch
+from trainer.loop.preemption import LEASE_LOST, Stopped, StopSignal
 from trainer.loop.probe import probe_plugins
 from trainer.models import build_model
 from trainer.run.ownership import Ownership, lease_lost, take_location

@@ -12,7 +12,7 @@ from trainer.checkpoint.lease import Lease, job_id
 from trainer.checkpoint.manager import LATEST_FILE
 from trainer.checkpoint.writer_process import writer_lock
 from trainer.config import Config, ConfigError
-from trainer.distributed.preemption import LEASE_LOST, StopSignal
+from trainer.loop.preemption import LEASE_LOST, StopSignal
 
 
 @dataclass

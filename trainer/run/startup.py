@@ -15,9 +15,9 @@ from trainer.config import Config, ConfigError, load_config
 from trainer.data import DATASETS
 from trainer.distributed.process_group import DistContext, cuda_available
 from trainer.distributed.recurrence import RecurringCrash
+from trainer.lines import first_to_say, write_line
 from trainer.models import MODELS
 from trainer.run.arguments import parse_args
-from trainer.telemetry.lines import first_to_say, write_line
 
 EXIT_CONFIG_ERROR = 2
 EXIT_PEER_LOST = 1  # any failure: torchrun restarts the workers while it has restarts left

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint import CheckpointStats
 from trainer.config import MetricsConfig
 from trainer.distributed.process_group import DistContext
+from trainer.telemetry.checkpoint_stats import CheckpointStats
 from trainer.telemetry.log import event
 from trainer.telemetry.timing import PARTS, StepSeconds
 

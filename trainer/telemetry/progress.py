@@ -235,7 +235,7 @@ def logs_above_the_bar(bar: tqdm, logger: logging.Logger) -> Iterator[None]:
     """While a terminal shows the bar, log lines go above it (tqdm's redirect). Elsewhere (a
     pod's log, a pipe) the handlers stay as they are: tqdm writes a line's text and its
     newline in two writes, which the other writers of a shared, unbuffered stdout
-    (PYTHONUNBUFFERED, as the image sets) can split; ours make one (trainer/telemetry/lines.py)."""
+    (PYTHONUNBUFFERED, as the image sets) can split; ours make one (trainer/lines.py)."""
     if bar.disable:
         yield
         return

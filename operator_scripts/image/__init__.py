@@ -1,0 +1,1 @@
+"""The CUDA image: its locked requirements, its build, and the container engine both use."""

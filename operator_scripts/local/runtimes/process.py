@@ -1,0 +1,122 @@
+"""`ddp-ops local`'s default runtime: each pod a process tree on a loopback address, in UTS
+and mount namespaces of its own (`unshare`, then `pod_sandbox`), whose host name is the pod's
+name and whose /etc/hosts is the job's table of running pods."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from operator_scripts.local.pods import HostsTable, LocalError, LocalPod
+from trainer.launcher.process_tree import signal_tree
+from trainer.lines import last_line
+
+# the project's console scripts, run with this interpreter
+CONSOLE_SCRIPTS = {"torchrun": "torch.distributed.run", "ddp-launch": "trainer.launcher.launch"}
+# the claim of this host's ports, an abstract Unix socket: the kernel refuses a second bind
+# and frees the name when its holder exits, so a killed run leaves nothing behind
+PORTS_CLAIM = "\0ddp-ops-local-pods"
+
+
+def sandbox_command(hostname: str, hosts: HostsTable, shm: Path | None = None) -> list[str]:
+    """The prefix that runs a command as a pod: new UTS and mount namespaces (a user
+    namespace too when not root), the pod's host name, the job's hosts table and the pod's
+    own /dev/shm."""
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return [
+        "unshare", *user, "--mount", "--uts", "--propagation", "private", "--",
+        sys.executable, "-m", "operator_scripts.local.runtimes.sandbox",
+        hostname, str(hosts.path), str(hosts.nsswitch), str(shm or "-"), "--",
+    ]  # fmt: skip
+
+
+def claim_host_ports() -> socket.socket:
+    """Pods of this runtime share the host's network, and the rendezvous store listens on
+    every address (a TrainJob's on 29500, trainjob_env.MASTER_PORT), so two runs at once
+    would join each other's rendezvous: the second is refused before any pod starts."""
+    claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        claim.bind(PORTS_CLAIM)
+    except OSError:
+        claim.close()
+        raise LocalError(
+            "another `ddp-ops local` run on this host holds the pods' ports (their rendezvous "
+            "store listens on every address): wait for it to end, or use --runtime docker"
+        ) from None
+    return claim
+
+
+class ProcessRuntime:
+    """Each pod a process tree in namespaces of its own, on a loopback address; one run on
+    the host at a time (`claim_host_ports`)."""
+
+    localizes_paths = True
+
+    def __init__(self) -> None:
+        self._claim: socket.socket | None = None
+
+    def address(self, index: int) -> str:
+        return f"127.0.0.{index + 2}"
+
+    def check(self, pods: list[LocalPod], hosts: HostsTable) -> None:
+        check_sandbox(hosts)
+        self._claim = claim_host_ports()
+
+    def release(self) -> None:
+        if self._claim is not None:
+            self._claim.close()
+            self._claim = None
+
+    def command(self, pod: LocalPod) -> list[str]:
+        """The image's console scripts are this interpreter's; metrics and ddp-launch's
+        /healthz serve on the pod's address (pods share this host's network)."""
+        argv = list(pod.command)
+        if argv[0] == "ddp-launch":
+            argv = [argv[0], "--health-address", pod.address, *argv[1:]]
+        if argv[0] in CONSOLE_SCRIPTS:
+            argv = [sys.executable, "-m", CONSOLE_SCRIPTS[argv[0]], *argv[1:]]
+        return [*argv, "--set", f"metrics.address={pod.address}"]
+
+    def launch(self, pod: LocalPod, hosts: HostsTable, log: TextIO) -> subprocess.Popen:
+        cwd = pod.env.get("HOME") if Path(pod.env.get("HOME", "")).is_dir() else pod.folder
+        return subprocess.Popen(
+            [*sandbox_command(pod.name, hosts, pod.mounts.get("/dev/shm")), *pod.command],
+            env=pod.env,
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def signal(self, pod: LocalPod, sig: int) -> None:
+        signal_tree(pod.process.pid, sig)
+
+    def freeze(self, pod: LocalPod) -> None:
+        signal_tree(pod.process.pid, signal.SIGSTOP)
+
+    def thaw(self, pod: LocalPod) -> None:
+        signal_tree(pod.process.pid, signal.SIGCONT)
+
+
+def check_sandbox(hosts: HostsTable) -> None:
+    """Fail in one line, before any pod starts, where namespaces cannot be made."""
+    if shutil.which("unshare") is None:
+        raise LocalError("needs `unshare` (util-linux) to give each pod its host name and hosts table")
+    resolve_localhost = "import socket; socket.getaddrinfo('localhost', 1)"
+    probe = subprocess.run(
+        [*sandbox_command("probe", hosts), sys.executable, "-c", resolve_localhost],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        reason = last_line(probe.stderr, "unknown error")
+        raise LocalError(
+            f"cannot give pods namespaces of their own ({reason}): run as root, or enable "
+            "unprivileged user namespaces"
+        )

@@ -1,0 +1,1 @@
+"""Figures for people: the scaling estimate and the run report."""

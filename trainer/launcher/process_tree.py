@@ -1,0 +1,51 @@
+"""A pod's process tree as a container runtime sees it: signalled whole, its orphans adopted
+and reaped, its exit reported as a container's. Torch-free: `ddp-ops local` uses it too."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+
+import psutil
+
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def container_exit_code(returncode: int) -> int:
+    """A process's exit as a container's is reported: 128 + N when signal N ended it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def signal_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal a process and all its descendants: torchrun starts its workers in sessions of
+    their own, so signalling its process group alone would orphan them."""
+    try:
+        tree = [psutil.Process(pid)]
+        tree += tree[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for member in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.send_signal(sig)
+
+
+def adopt_orphans() -> None:
+    """Become the subreaper of everything started below (prctl PR_SET_CHILD_SUBREAPER):
+    a process whose parent ends (the fork server, after the worker that started it; a
+    writer whose worker was killed) is re-parented here, not to the host's init, so this
+    pod's processes stay one tree, as a container's stay in its namespace. Where this
+    runs as a container's PID 1 it has that role anyway."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def reap_orphans(keep: int) -> None:
+    """Collect the exit status of adopted children that have ended, so that none stays a
+    zombie; torchrun's (`keep`) is its Popen's to collect."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.NoSuchProcess, ChildProcessError):
+                if child.pid != keep and child.status() == psutil.STATUS_ZOMBIE:
+                    os.waitpid(child.pid, os.WNOHANG)
