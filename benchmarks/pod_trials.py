@@ -14,7 +14,8 @@ from typing import Any
 
 from benchmarks.trial_record import Timeline, Trial, final_state, same_state
 from operator_scripts.chart.render import merge_values, render
-from operator_scripts.local.run import freeze_pod, run
+from operator_scripts.local.kubelet import freeze_pod
+from operator_scripts.local.run import run
 from operator_scripts.paths import CHART_DIR
 
 PROBES = (

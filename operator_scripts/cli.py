@@ -25,7 +25,8 @@ import yaml
 
 from operator_scripts.chart.code_bundle import CodeError, code_values
 from operator_scripts.chart.render import ValuesError, deep_merge, merge_values, render
-from operator_scripts.cluster.client import Cluster, ClusterError, format_status
+from operator_scripts.cluster.client import Cluster, ClusterError
+from operator_scripts.cluster.status import format_status
 from operator_scripts.local.node_loss import NODE_MONITOR_GRACE_S, NodeLossPlan
 from trainer.config.argparsing import OneLineParser, existing_file, positive_float
 

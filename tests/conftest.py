@@ -32,7 +32,7 @@ import yaml
 from benchmarks.metrics import free_port
 from benchmarks.namespaces import enter_private_network, isolation_available
 from trainer.config import CheckpointConfig
-from trainer.config.schema import load_config
+from trainer.config.loading import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).parent / "helpers"
@@ -171,7 +171,7 @@ def freeze_pod_1_once_snapshotted(step: int, frozen: list[str]):
     """An `on_tick` for `ddp-ops local`'s `run`: once every pod holds a snapshot of `step` or
     later, freeze every process of pod 1 (the runtime's stand-in for a frozen node), once;
     its name goes into `frozen`."""
-    from operator_scripts.local.run import freeze_pod
+    from operator_scripts.local.kubelet import freeze_pod
 
     def tick(pods) -> None:
         if not frozen and min(max(pod_snapshot_steps(pod.folder), default=0) for pod in pods) >= step:

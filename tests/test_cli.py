@@ -21,7 +21,7 @@ from replay_api import ReplayApi
 from trainer_v2_rules import trainer_admission
 
 from operator_scripts.cli import build_parser, main
-from operator_scripts.cluster.client import format_status, summarize
+from operator_scripts.cluster.status import format_status, summarize
 
 HAND_BUILT = REPO / "tests" / "hand-built"
 JOB = json.loads((HAND_BUILT / "pytorchjob-running.json").read_text())

@@ -30,7 +30,9 @@ from operator_scripts.image import lock as image_lock
 from operator_scripts.image.build import REPO as IMAGE_CONTEXT
 from operator_scripts.image.build import build, build_derived, choose_base, default_ca, default_tag, history
 from operator_scripts.image.engine import Engine, building_cli
-from operator_scripts.local.run import LocalPod, kill_pod, run
+from operator_scripts.local.kubelet import kill_pod
+from operator_scripts.local.pods import LocalPod
+from operator_scripts.local.run import run
 from operator_scripts.local.runtimes.docker import DockerRuntime
 
 pytestmark = pytest.mark.image

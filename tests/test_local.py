@@ -27,8 +27,9 @@ from conftest import (
 from operator_scripts.chart.render import merge_values, render
 from operator_scripts.controllers.pytorchjob_env import injected_env, plan_pods, rank0_selector
 from operator_scripts.image.engine import Engine
+from operator_scripts.local.kubelet import kill_pod
 from operator_scripts.local.pods import HostsTable, LocalError, prepare
-from operator_scripts.local.run import kill_pod, run
+from operator_scripts.local.run import run
 from operator_scripts.local.runtimes.docker import DockerRuntime
 from operator_scripts.local.runtimes.process import claim_host_ports
 

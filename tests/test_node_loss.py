@@ -18,8 +18,9 @@ from operator_scripts.cli import main as ddp_ops
 from operator_scripts.controllers.job_rules import PyTorchJobRules, TrainJobRules
 from operator_scripts.controllers.jobset_status import after_disruption
 from operator_scripts.controllers.pytorchjob_status import PodState
+from operator_scripts.local.kubelet import lose_node
 from operator_scripts.local.node_loss import DEFAULT_TOLERATION_S, NodeLoss, NodeLossPlan, toleration_seconds
-from operator_scripts.local.run import lose_node, run
+from operator_scripts.local.run import run
 
 UNREACHABLE = "node.kubernetes.io/unreachable"
 

@@ -23,7 +23,8 @@ from conftest import (
 )
 
 from operator_scripts.chart.render import render
-from operator_scripts.local.run import kill_pod, run
+from operator_scripts.local.kubelet import kill_pod
+from operator_scripts.local.run import run
 from trainer.config import load_config
 from trainer.data import build_data
 from trainer.data.shards import build_shards

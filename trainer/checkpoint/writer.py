@@ -39,7 +39,7 @@ from trainer.checkpoint.shared_state import SharedState, SharedStateBuffer
 from trainer.checkpoint.snapshots import SnapshotDir
 from trainer.checkpoint.writer_process import Republish, WriterSetup
 from trainer.checkpoint.writer_start import WriterHandle, spawn_writer
-from trainer.checkpoint.writer_watch import WATCH_POLL_S, WriterWatch
+from trainer.checkpoint.writer_watch import WATCH_POLL_S, WriterWatch, abort_uploads, doing
 from trainer.checkpoint.writing import (
     AttemptFailed,
     Coalesced,
@@ -275,23 +275,18 @@ class CheckpointWriter:
         last = self._last_progress
         handed = self._handed[0].step if self._handed else None
         step = max(self._durable, default=handed) if last is None else last.step
-        doing = (
-            ""
-            if last is None
-            else f" ({last.phase}, {_size(last.done)}{_of(last.total)} done, attempt {last.attempt})"
-        )
         self.log.error(
             "checkpoint writer stuck on step %s%s: %s for %.0fs (limit %.0fs); replacing it",
-            step, doing, how, for_s, limit_s,
+            step, doing(last), how, for_s, limit_s,
             extra={"event": "writer_stuck", "fields": {"step": step, "stuck_s": round(for_s, 1),
                                                        "limit_s": round(limit_s, 1), "how": how}},
         )  # fmt: skip
         with self._lock:
             self._process = None  # its end is no death now
         with contextlib.suppress(ProcessLookupError):
-            os.kill(_pid(process), signal.SIGKILL)
+            os.kill(process.pid, signal.SIGKILL)  # a ForkedWriter's and a Popen's alike
         process.wait()
-        self._abort_uploads()
+        abort_uploads(self.durable and self.durable.store, list(self._durable), self.log)
         with self._lock:
             self.stats.writer_replacements_total += 1
             newest = max(self._staged_durable, default=None)
@@ -309,18 +304,6 @@ class CheckpointWriter:
             request, shared = self._handed
             self._handed = (request, self._buffer.rehome(shared))
             self._send(replacement, self._handed)
-
-    def _abort_uploads(self) -> None:
-        """Multipart uploads the stopped writer left open (S3 keeps their parts, invisible)."""
-        abort = getattr(self.durable and self.durable.store, "abort_uploads", None)
-        for step in list(self._durable) if abort else []:
-            try:
-                aborted = abort(step)
-            except Exception as error:  # the store answers badly: its lifecycle rule cleans up
-                self.log.warning("aborting step %d's open uploads failed: %s", step, error)
-                continue
-            if aborted:
-                self.log.info("aborted %d open upload(s) of step %d", aborted, step)
 
     # ----- events -------------------------------------------------------------------------
 
@@ -414,15 +397,3 @@ class CheckpointWriter:
             if staged.step not in self._durable:
                 self._stalls.pop(staged.step, None)
             self._staged.set()
-
-
-def _pid(process: WriterHandle) -> int:
-    return process.pid  # a ForkedWriter's and a Popen's alike
-
-
-def _size(done: int) -> str:
-    return f"{done / 1e6:.1f} MB"
-
-
-def _of(total: int) -> str:
-    return f" of {total / 1e6:.1f} MB" if total else ""

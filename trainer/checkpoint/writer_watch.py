@@ -11,7 +11,9 @@ a stuck writer (writer.py).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Any
 
 from trainer.checkpoint.writing import Progress
 
@@ -74,3 +76,25 @@ class WriterWatch:
         if (stalled := now - self.progressed_at) > self.stall_limit():
             return "alive but with no progress", stalled, self.stall_limit()
         return None
+
+
+def doing(last: Progress | None) -> str:
+    """What a stuck writer last said it was doing, for the line that names it."""
+    if last is None:
+        return ""
+    total = f" of {last.total / 1e6:.1f} MB" if last.total else ""
+    return f" ({last.phase}, {last.done / 1e6:.1f} MB{total} done, attempt {last.attempt})"
+
+
+def abort_uploads(store: Any, steps: list[int], log: logging.Logger) -> None:
+    """Abort the multipart uploads a stopped writer left open for `steps` (S3 keeps their
+    parts, invisible); a store without them (local) has nothing to abort."""
+    abort = getattr(store, "abort_uploads", None)
+    for step in steps if abort else []:
+        try:
+            aborted = abort(step)
+        except Exception as error:  # the store answers badly: its lifecycle rule cleans up
+            log.warning("aborting step %d's open uploads failed: %s", step, error)
+            continue
+        if aborted:
+            log.info("aborted %d open upload(s) of step %d", aborted, step)

@@ -4,6 +4,7 @@ overrides, one-line argument errors, and the registry that resolves names and pl
 The config tree is the public face of this package (plug-ins receive its sections), so its
 names are importable from `trainer.config` itself."""
 
+from trainer.config.loading import bundled_config_names, dump_yaml, from_tree, load_config, to_tree
 from trainer.config.schema import (
     CheckpointConfig,
     Config,
@@ -19,12 +20,7 @@ from trainer.config.schema import (
     SyntheticConfig,
     TrainConfig,
     WatchdogConfig,
-    bundled_config_names,
     did_you_mean,
-    dump_yaml,
-    from_tree,
-    load_config,
-    to_tree,
 )
 
 __all__ = [

@@ -18,6 +18,7 @@ from trainer.checkpoint.writer import CheckpointWriter
 from trainer.checkpoint.writer_start import WriterHandle
 from trainer.config import CheckpointConfig
 from trainer.distributed.process_group import DistContext, broadcast_flag, broadcast_object
+from trainer.loop.preemption import Stopped, StopSignal, report_stop
 from trainer.telemetry.checkpoint_stats import CheckpointStats
 from trainer.telemetry.log import event
 from trainer.telemetry.metrics import Metrics
@@ -258,3 +259,22 @@ class CheckpointPolicy:
 
     def close(self, timeout_s: float) -> None:
         self.writer.close(timeout_s)
+
+    def report_at_stop(self, stopped: Stopped, step: int, stop: StopSignal, cap_s: float) -> None:
+        """After a stop's save at `step`: find which nodes hold its snapshot, and rank 0 waits
+        for its upload within what is left of the stop's budget (at most `cap_s`, as long as
+        peers may wait in a collective), then says in one line where the state is."""
+        holders = self.snapshot_holders(min(stop.write_budget(), cap_s))
+        if not self.context.is_main:
+            return
+        published = self.wait(min(stop.write_budget(), cap_s))
+        report_stop(
+            self.log,
+            stopped,
+            step,
+            stop.received_during,
+            published=published,
+            newest_step=self.stats.last_success_step,
+            location=self.checkpointer.store.location(step),
+            elsewhere=describe_holders(holders),
+        )

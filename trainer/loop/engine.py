@@ -20,18 +20,18 @@ from trainer.checkpoint import Checkpointer
 from trainer.checkpoint.recovery import ResumePoint, recover
 from trainer.checkpoint.writer_start import WriterHandle
 from trainer.config import Config
-from trainer.data import DataSplits, eval_loader, train_loader
+from trainer.data import DataSplits, train_loader
 from trainer.distributed import heartbeat as phases
 from trainer.distributed.heartbeat import Heartbeat
 from trainer.distributed.process_group import DistContext, broadcast_flag, broadcast_object
 from trainer.loop.banner import RunFacts, announce_start
-from trainer.loop.checkpoint_policy import CheckpointPolicy, describe_holders
+from trainer.loop.checkpoint_policy import CheckpointPolicy
 from trainer.loop.early_stopping import EarlyStopping
-from trainer.loop.evaluate import evaluate, log_validation
+from trainer.loop.evaluate import Evaluator
 from trainer.loop.optim import LRSchedule, batch_math, build_optimizer
 from trainer.loop.plan import Progress, finished, plan, steps_per_epoch
-from trainer.loop.preemption import LEASE_LOST, Stopped, StopSignal, report_stop
-from trainer.loop.step import autocast_for, train_step
+from trainer.loop.preemption import LEASE_LOST, Stopped, StopSignal
+from trainer.loop.step import train_step
 from trainer.loop.training_state import TrainingState
 from trainer.telemetry.log import event
 from trainer.telemetry.metrics import Metrics, peak_flops
@@ -87,8 +87,8 @@ class Trainer:
         self.math = batch_math(config.train, config.optim, context.world_size)
         self.optimizer = build_optimizer(self.module, config.optim, self.math.lr)
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.train.amp == "fp16")
-        self.autocast = autocast_for(device, config.train.amp)
         self.stopper = EarlyStopping(config.train.early_stopping)
+        self.evaluator = Evaluator(self.module, splits, config, context, device, heartbeat, metrics, logger)
         self.state = TrainingState(self.module, self.optimizer, self.scaler, self.stopper)
         self.loader = train_loader(
             splits.train,
@@ -109,8 +109,6 @@ class Trainer:
         self.lr = self.math.lr
         self.resume_point: ResumePoint | None = None
         self.resume_notes: list[str] = []
-        self.last_validated: int | None = None
-        self.val_metrics: dict[str, float] = {}
         self.model: DistributedDataParallel | None = None
         self.clock = clock_for(device)
         self.grad_norm: torch.Tensor | None = None
@@ -168,8 +166,8 @@ class Trainer:
                 self._save(wait_s=self.solo_budget_s)  # the store lacks the final step
         else:
             self._fit()
-        if self.last_validated != self.progress.step:
-            self._validate()
+        if self.evaluator.last_validated != self.progress.step:
+            self.evaluator.validate(self.progress.step)
         with self.heartbeat.phase(phases.FINISH, limit_s=2 * self.solo_budget_s):  # rank 0 waits alone
             if not self.checkpoints.wait(self.solo_budget_s):
                 self.log.warning("the last checkpoint write is still running after %.0fs", self.solo_budget_s)
@@ -179,13 +177,12 @@ class Trainer:
                 self.checkpoints.drop_snapshots(self.solo_budget_s)
         self.metrics.checkpoints(self.checkpoints.stats, self.progress.step)
         self.metrics.flush()
-        with self.heartbeat.phase(phases.TEST):
-            test = self._evaluate(self.splits.test) if len(self.splits.test) else {}
+        test = self.evaluator.test()
         summary = {
             "steps": self.progress.step,
             "epochs_completed": self.progress.epoch,
-            "val_loss": self.val_metrics.get("loss"),
-            "val_accuracy": self.val_metrics.get("accuracy"),
+            "val_loss": self.evaluator.val_metrics.get("loss"),
+            "val_accuracy": self.evaluator.val_metrics.get("accuracy"),
             "test_loss": test.get("loss"),
             "test_accuracy": test.get("accuracy"),
             "wall_seconds": round(time.perf_counter() - started, 3),
@@ -341,7 +338,7 @@ class Trainer:
 
     def _end_epoch(self) -> None:
         """Validate, let early stopping decide (rank 0's decision for all), move to the next epoch."""
-        metrics = self._validate()
+        metrics = self.evaluator.validate(self.progress.step)
         stop = broadcast_flag(self.stopper.update(metrics), self.device)
         self.progress.epoch += 1
         self.progress.epoch_position = 0
@@ -355,25 +352,6 @@ class Trainer:
                 best=self.stopper.best,
             )
         self.progress.stopped_early = stop
-
-    def _validate(self) -> dict[str, float]:
-        with self.heartbeat.phase(phases.VALIDATION):
-            metrics = self._evaluate(self.splits.val)
-        self.val_metrics, self.last_validated = metrics, self.progress.step
-        self.metrics.validation(metrics["loss"], metrics["accuracy"])
-        log_validation(self.log, self.progress.step, metrics)
-        return metrics
-
-    def _evaluate(self, dataset: torch.utils.data.Dataset) -> dict[str, float]:
-        loader = eval_loader(
-            dataset,
-            self.config.data,
-            batch_size=self.config.train.eval_batch_size,
-            rank=self.context.rank,
-            world_size=self.context.world_size,
-            device=self.device,
-        )
-        return evaluate(self.module, loader, self.device, self.autocast)
 
     # ----- saving and restoring --------------------------------------------------------
 
@@ -407,20 +385,7 @@ class Trainer:
             return
         if self.checkpoints.last_durable_step != step:
             self._save(wait_s=min(self.stop.write_budget(), self.solo_budget_s))
-        holders = self.checkpoints.snapshot_holders(min(self.stop.write_budget(), self.solo_budget_s))
-        if not self.context.is_main:
-            return
-        published = self.checkpoints.wait(min(self.stop.write_budget(), self.solo_budget_s))
-        report_stop(
-            self.log,
-            stopped,
-            step,
-            self.stop.received_during,
-            published=published,
-            newest_step=self.checkpoints.stats.last_success_step,
-            location=self.checkpointer.store.location(step),
-            elsewhere=describe_holders(holders),
-        )
+        self.checkpoints.report_at_stop(stopped, step, self.stop, self.solo_budget_s)
 
     def _restore(self) -> None:
         """Agree on the newest intact step among the nodes' snapshots and the store, and

@@ -10,8 +10,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
+from trainer.config import Config
+from trainer.data import DataSplits, eval_loader
+from trainer.distributed import heartbeat as phases
+from trainer.distributed.heartbeat import Heartbeat
+from trainer.distributed.process_group import DistContext
 from trainer.loop.objective import per_sample_terms
+from trainer.loop.step import autocast_for
 from trainer.telemetry.log import event
+from trainer.telemetry.metrics import Metrics
 
 
 @torch.no_grad()
@@ -60,3 +67,54 @@ def log_validation(log: logging.Logger, step: int, metrics: dict[str, float]) ->
         val_accuracy=metrics["accuracy"],
         val_samples=int(metrics["samples"]),
     )
+
+
+class Evaluator:
+    """Validation and test of one run on every rank, each under its heartbeat phase; the
+    newest validation's metrics and step stay for the run's summary."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        splits: DataSplits,
+        config: Config,
+        context: DistContext,
+        device: torch.device,
+        heartbeat: Heartbeat,
+        metrics: Metrics,
+        log: logging.Logger,
+    ) -> None:
+        self.module, self.splits, self.config, self.context, self.device = (
+            module,
+            splits,
+            config,
+            context,
+            device,
+        )
+        self.heartbeat, self.metrics, self.log = heartbeat, metrics, log
+        self.autocast = autocast_for(device, config.train.amp)
+        self.val_metrics: dict[str, float] = {}
+        self.last_validated: int | None = None
+
+    def validate(self, step: int) -> dict[str, float]:
+        with self.heartbeat.phase(phases.VALIDATION):
+            metrics = self._evaluate(self.splits.val)
+        self.val_metrics, self.last_validated = metrics, step
+        self.metrics.validation(metrics["loss"], metrics["accuracy"])
+        log_validation(self.log, step, metrics)
+        return metrics
+
+    def test(self) -> dict[str, float]:
+        with self.heartbeat.phase(phases.TEST):
+            return self._evaluate(self.splits.test) if len(self.splits.test) else {}
+
+    def _evaluate(self, dataset: torch.utils.data.Dataset) -> dict[str, float]:
+        loader = eval_loader(
+            dataset,
+            self.config.data,
+            batch_size=self.config.train.eval_batch_size,
+            rank=self.context.rank,
+            world_size=self.context.world_size,
+            device=self.device,
+        )
+        return evaluate(self.module, loader, self.device, self.autocast)

@@ -1,0 +1,127 @@
+"""`ddp-ops status`: a job's state in a few lines, from the job, its JobSet and its pods as
+the API returns them (pure functions, tested on the controllers' own objects)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from operator_scripts.controllers.pytorchjob_env import LABEL
+from operator_scripts.controllers.trainjob_env import INDEX_LABEL
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What `status` prints."""
+
+    name: str
+    state: str
+    conditions: list[tuple[str, str, str]]  # (type, status, reason or message)
+    replicas: dict[str, dict[str, int]]
+    restarts: int
+    age_seconds: float | None
+    rank0_pod: str | None
+    kind: str = "PyTorchJob"
+    jobset_restarts: int = 0
+
+
+def _age(item: dict[str, Any], now: datetime | None) -> float | None:
+    created = item["metadata"].get("creationTimestamp")
+    now = now or datetime.now(timezone.utc)
+    return (now - datetime.fromisoformat(created.replace("Z", "+00:00"))).total_seconds() if created else None
+
+
+def _container_restarts(pods: list[dict[str, Any]]) -> int:
+    return sum(
+        cs.get("restartCount", 0) for pod in pods for cs in pod.get("status", {}).get("containerStatuses", [])
+    )
+
+
+def summarize(job: dict[str, Any], pods: list[dict[str, Any]], now: datetime | None = None) -> JobStatus:
+    """A job's state from its conditions (the newest true one), replica counts, container
+    restarts and the pod labelled as rank 0's."""
+    status = job.get("status", {})
+    conditions = status.get("conditions", [])
+    true = [c for c in conditions if c.get("status") == "True"]
+    state = true[-1]["type"] if true else "Pending"
+    age = _age(job, now)
+    restarts = _container_restarts(pods)
+    rank0 = [
+        p["metadata"]["name"]
+        for p in pods
+        if p["metadata"].get("labels", {}).get(f"{LABEL}/job-role") == "master"
+    ]
+    return JobStatus(
+        name=job["metadata"]["name"],
+        state=state,
+        conditions=[
+            (c["type"], c.get("status", ""), c.get("reason") or c.get("message", "")) for c in conditions
+        ],
+        replicas={kind: dict(counts) for kind, counts in status.get("replicaStatuses", {}).items()},
+        restarts=restarts,
+        age_seconds=age,
+        rank0_pod=rank0[0] if rank0 else None,
+    )
+
+
+def summarize_trainjob(
+    trainjob: dict[str, Any],
+    jobset: dict[str, Any] | None,
+    pods: list[dict[str, Any]],
+    now: datetime | None = None,
+) -> JobStatus:
+    """A TrainJob's state: its own condition when it has one (only Suspended, Complete and
+    Failed exist, trainjob_types.go:56-84), else Running or Pending from its pods; the
+    JobSet's conditions beside its own, the per-job counts Trainer mirrors
+    (status.jobsStatus), container restarts, the JobSet's whole restarts, and rank 0's pod
+    (completion index 0, the newest)."""
+    conditions = list(trainjob.get("status", {}).get("conditions", []))
+    true = [c["type"] for c in conditions if c.get("status") == "True"]
+    running = any(p.get("status", {}).get("phase") == "Running" for p in pods)
+    state = true[-1] if true else "Running" if running else "Pending"
+    jobset_status = (jobset or {}).get("status", {})
+    listed = [(c["type"], c.get("status", ""), c.get("reason") or c.get("message", "")) for c in conditions]
+    listed += [
+        (f"JobSet {c['type']}", c.get("status", ""), c.get("reason") or c.get("message", ""))
+        for c in jobset_status.get("conditions", [])
+    ]
+    counts = {
+        f"job {job['name']}": {
+            key: int(job.get(key) or 0) for key in ("active", "ready", "succeeded", "failed")
+        }
+        for job in trainjob.get("status", {}).get("jobsStatus", [])
+    }
+    rank0 = sorted(
+        (p for p in pods if p["metadata"].get("labels", {}).get(INDEX_LABEL) == "0"),
+        key=lambda p: p["metadata"].get("creationTimestamp", ""),
+    )
+    return JobStatus(
+        name=trainjob["metadata"]["name"],
+        state=state,
+        conditions=listed,
+        replicas=counts,
+        restarts=_container_restarts(pods),
+        age_seconds=_age(trainjob, now),
+        rank0_pod=rank0[-1]["metadata"]["name"] if rank0 else None,
+        kind="TrainJob",
+        jobset_restarts=int(jobset_status.get("restarts", 0)),
+    )
+
+
+def format_status(summary: JobStatus) -> str:
+    age = (
+        "unknown"
+        if summary.age_seconds is None
+        else f"{int(summary.age_seconds // 60)}m{int(summary.age_seconds % 60)}s"
+    )
+    restarts = f"container restarts {summary.restarts}"
+    if summary.kind == "TrainJob":
+        restarts += f", JobSet restarts {summary.jobset_restarts}"
+    lines = [f"{summary.kind} {summary.name}: {summary.state} (age {age}, {restarts})"]
+    for kind, counts in summary.replicas.items():
+        lines.append(f"  {kind}: " + ", ".join(f"{key} {value}" for key, value in sorted(counts.items())))
+    for kind, flag, why in summary.conditions:
+        lines.append(f"  condition {kind}={flag} {why}".rstrip())
+    lines.append(f"  rank 0 pod: {summary.rank0_pod or 'not scheduled yet'}")
+    return "\n".join(lines)
