@@ -73,6 +73,7 @@ from benchmarks.metrics import free_port
 from benchmarks.namespaces import linked_hosts
 from benchmarks.node_trials import NODE_FAULTS, NodeTrial, TwoNodes, node_trial, rounds
 from benchmarks.pod_trials import freeze_trial, reference_job_state
+from benchmarks.runner import checkout_path
 from benchmarks.storage_trials import STORAGE_FAULTS, storage_trials
 from benchmarks.trial_record import Timeline, Trial, final_state, same_state
 from trainer.launcher.fork_protocol import SWITCH_ENV, listening
@@ -226,7 +227,7 @@ def node_trials(args: argparse.Namespace) -> int:
     sizes (`TwoNodes.replay`): equal bits mean every sample trained exactly once."""
     chooser = random.Random(args.seed)
     started = time.perf_counter()
-    env = {**environment(args.fork_server == "on"), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**environment(args.fork_server == "on"), "PYTHONPATH": checkout_path()}
     epochs = 60 if args.fault == "host-freeze" else 150  # long enough to rejoin before the end
     trials: list[NodeTrial] = []
     with tempfile.TemporaryDirectory(prefix="node-trials-") as folder:

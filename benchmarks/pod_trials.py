@@ -20,12 +20,12 @@ from operator_scripts.paths import CHART_DIR
 
 PROBES = (
     "liveness.periodSeconds=2,liveness.timeoutSeconds=2,liveness.failureThreshold=3,"
-    "liveness.terminationGracePeriodSeconds=2,metrics.port=0,checkpoints.existingClaim=checkpoints"
+    "liveness.terminationGracePeriodSeconds=2,metrics.port=0,checkpoint.existingClaim=checkpoints"
 )
 TRAINER = (
     "trainer.config.model.dropout=0.3,trainer.config.checkpoint.every_steps=1000,"
     "trainer.config.log.every_steps=1,trainer.config.log.format=json,trainer.config.train.max_steps=120,"
-    "snapshots.everySteps={every}"  # the chart's home for the trainer's snapshot interval
+    "trainer.config.checkpoint.snapshot_every_steps={every}"
 )
 
 

@@ -12,10 +12,13 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from benchmarks.baseline import WARMUP_WINDOWS
 from benchmarks.cpu_time import TreeCpuSampler, per_thousand
 from trainer.launcher.launch import RDZV_ENV
+
+CHECKOUT = Path(__file__).resolve().parents[1]  # benchmarks/ is not installed: the checkout
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ def torchrun(nproc: int, args: list[str], cwd: str) -> Launched:
             stderr=stderr,
             text=True,
             cwd=cwd,
-            env={**os.environ, "OMP_NUM_THREADS": threads, **RDZV_ENV},
+            env={**os.environ, "OMP_NUM_THREADS": threads, "PYTHONPATH": checkout_path(), **RDZV_ENV},
         )
         with TreeCpuSampler(process.pid) as cpu:
             returncode = process.wait()
@@ -55,6 +58,12 @@ def torchrun(nproc: int, args: list[str], cwd: str) -> Launched:
         if returncode:
             raise RuntimeError(stderr.read()[-2000:])
         return Launched(stdout.read(), cpu)
+
+
+def checkout_path() -> str:
+    """PYTHONPATH with this checkout first: `-m benchmarks.NAME` in a process started
+    elsewhere, since benchmarks/ is not installed."""
+    return os.pathsep.join(filter(None, [str(CHECKOUT), os.environ.get("PYTHONPATH", "")]))
 
 
 SPLIT_FIELDS = ("data_ms", "compute_ms", "communication_ms", "checkpoint_ms", "logging_ms")

@@ -206,6 +206,9 @@ def _local(args: argparse.Namespace) -> int:
     from operator_scripts.local.run import run
 
     rendered = _render(args)
+    for line in rendered.notes.splitlines():  # render and submit print NOTES whole
+        if line.startswith("DEPRECATED: "):
+            print(f"ddp-ops local: {line}", file=sys.stderr)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ddp-local-"))
     if args.node_back_after is not None and args.node_deleted_after is not None:
         print(

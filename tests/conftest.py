@@ -45,8 +45,8 @@ def cpu_chart_on_s3(bucket: str, prefix: str, endpoint: str, *sets: str) -> dict
     from operator_scripts.chart.render import merge_values
 
     s3 = (
-        f"checkpoints.s3.bucket={bucket},checkpoints.s3.prefix={prefix},checkpoints.s3.endpoint={endpoint},"
-        "checkpoints.s3.region=us-east-1,checkpoints.s3.existingSecret=s3-keys"
+        f"checkpoint.s3.bucket={bucket},checkpoint.s3.prefix={prefix},checkpoint.s3.endpoint={endpoint},"
+        "checkpoint.s3.region=us-east-1,checkpoint.s3.existingSecret=s3-keys"
     )
     return merge_values(files=[CPU_VALUES], sets=[s3, *sets])
 
@@ -101,11 +101,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 # The tests that run `ddp-ops local`'s process runtime, which holds the host's ports
-# (process_runtime.claim_host_ports). Each xdist worker is a host of its own where this
-# machine allows it (root: a network namespace per worker, benchmarks/namespaces.py), and
-# then they spread over the workers like any test; elsewhere they are one unit of work, run
-# one after another on one worker. (xdist's own `xdist_group` mark cannot do it under
-# pytest 9: its worker renames `item._nodeid`, which pytest 9's nodes no longer read.)
+# (operator_scripts.local.runtimes.process.claim_host_ports). Each xdist worker is a host of
+# its own where this machine allows it (root: a network namespace per worker,
+# benchmarks/namespaces.py), and then they spread over the workers like any test; elsewhere
+# they are one unit of work, run one after another on one worker. (xdist's own
+# `xdist_group` mark cannot do it under pytest 9: its worker renames `item._nodeid`, which
+# pytest 9's nodes no longer read.)
 LOCAL_PODS = (
     "tests/test_local.py::",
     "tests/test_liveness.py::",

@@ -17,6 +17,8 @@ from operator_scripts.generate.values_table import documented_keys
 from operator_scripts.paths import CHART_DIR
 from trainer.config import from_tree
 
+EVERY = "trainer.config.checkpoint.snapshot_every_steps"
+
 # ----- render and lint --------------------------------------------------------------------
 
 
@@ -109,6 +111,11 @@ def test_bad_nccl_values_are_refused_at_render(sets, named):
         ("gpu=8", "gpu: not a chart value; did you mean gpus?"),
         ("image.tagg=1", "image.tagg: not a chart value; did you mean image.tag?"),
         (  # a credential in values: refused, and pointed at the Secret
+            "checkpoint.s3.secretAccessKey=abc",
+            "checkpoint.s3.secretAccessKey: not a chart value; credentials go in a Secret, named by "
+            "checkpoint.s3.existingSecret",
+        ),
+        (  # under the deprecated name too
             "checkpoints.s3.secretAccessKey=abc",
             "checkpoints.s3.secretAccessKey: not a chart value; credentials go in a Secret, named by "
             "checkpoints.s3.existingSecret",
@@ -144,7 +151,7 @@ def test_helm_set_floats_pass_the_schema_as_the_trainer_reads_them():
     [
         ("trainer.config.train.epoch=3", "epoch"),
         ("trainer.config.train.batch_size=0", "batch_size"),
-        ("checkpoints.s3.secretAccessKey=abc", "secretAccessKey"),  # `helm install` refuses it too
+        ("checkpoint.s3.secretAccessKey=abc", "secretAccessKey"),  # `helm install` refuses it too
     ],
 )
 def test_helms_own_schema_check_refuses_bad_trainer_values(sets, named):
@@ -186,6 +193,35 @@ def test_bad_values_fail_with_what_to_set(sets, message):
     assert message in str(failure.value)
 
 
+DEPRECATED_NAMES = [  # (the previous release's name, this release's)
+    ("checkpoints.existingClaim=claim-a", "checkpoint.existingClaim=claim-a"),
+    (
+        "checkpoints.s3.bucket=b,checkpoints.s3.existingSecret=keys",
+        "checkpoint.s3.bucket=b,checkpoint.s3.existingSecret=keys",
+    ),
+    ("port=24000", "rendezvous.port=24000"),
+    ("snapshots.everySteps=9", "trainer.config.checkpoint.snapshot_every_steps=9"),
+]
+
+
+@pytest.mark.parametrize(
+    ("old", "new"), DEPRECATED_NAMES, ids=[old.split("=")[0] for old, _ in DEPRECATED_NAMES]
+)
+@pytest.mark.parametrize("kind", ["PyTorchJob", "TrainJob"])
+def test_a_deprecated_name_renders_what_its_new_name_does_and_says_so(old, new, kind):
+    """Values of the previous release keep working for this one: the same objects, and a
+    DEPRECATED line in NOTES (which `helm install` and `ddp-ops` print) naming the new key."""
+    base = ["gpus=8,installId=i1", f"jobKind={kind}"]
+    before = render(merge_values(sets=[*base, old]), release="r", namespace="ns")
+    after = render(merge_values(sets=[*base, new]), release="r", namespace="ns")
+    assert before.manifest == after.manifest
+    old_key = old.split("=")[0].split(".")[0] if not old.startswith("snapshots") else "snapshots.everySteps"
+    deprecations = [line for line in before.notes.splitlines() if line.startswith("DEPRECATED: ")]
+    assert len(deprecations) == 1 and deprecations[0].startswith(f"DEPRECATED: {old_key}")
+    assert new.split("=")[0].rsplit(".", 1)[0].split(".")[0] in deprecations[0]
+    assert not [line for line in after.notes.splitlines() if line.startswith("DEPRECATED")]
+
+
 # ----- what the pods get --------------------------------------------------------------------
 
 
@@ -212,18 +248,13 @@ def test_trainer_config_is_a_valid_trainer_config_mounted_in_the_pods():
     ("sets", "line"),
     [
         (
-            "snapshots.everySteps=5,trainer.config.checkpoint.snapshot_every_steps=10",
-            "trainer.config.checkpoint.snapshot_every_steps=10: the chart sets this key from "
-            "snapshots.everySteps (now 5); set it there, or leave the trainer key out",
-        ),
-        (
             "metrics.port=9401,trainer.config.metrics.port=9000",
             "trainer.config.metrics.port=9000: the chart sets this key from metrics.port (now 9401)",
         ),
         (
             "trainer.config.checkpoint.uri=s3://mine/run",
-            "trainer.config.checkpoint.uri=s3://mine/run: the chart sets this key from checkpoints.s3.bucket "
-            "and checkpoints.s3.prefix, or checkpoints.existingClaim",
+            "trainer.config.checkpoint.uri=s3://mine/run: the chart sets this key from checkpoint.s3.bucket "
+            "and checkpoint.s3.prefix, or checkpoint.existingClaim",
         ),
         (
             "trainer.config.checkpoint.snapshot_dir=/data/shm",
@@ -233,21 +264,21 @@ def test_trainer_config_is_a_valid_trainer_config_mounted_in_the_pods():
     ],
 )
 def test_a_trainer_key_the_chart_sets_is_refused_at_render_naming_both_keys(sets, line):
-    """The chart fills in the trainer's checkpoint location, snapshot interval, metrics port
-    and paths: the same trainer key with another value would be dropped, so it is refused."""
+    """The chart fills in the trainer's checkpoint location, metrics port and paths: the same
+    trainer key with another value would be dropped, so it is refused."""
     with pytest.raises(HelmError, match=re.escape(line)):
         render(merge_values(sets=[f"gpus=8,{sets}"]), release="r", namespace="ns")
 
 
 def test_a_trainer_key_equal_to_what_the_chart_sets_is_honoured():
     rendered = render(
-        merge_values(sets=["gpus=8,snapshots.everySteps=7,trainer.config.checkpoint.snapshot_every_steps=7"]),
+        merge_values(sets=["gpus=8,metrics.port=9411,trainer.config.metrics.port=9411"]),
         release="r", namespace="ns",
     )  # fmt: skip
     (config_map,) = [
         c for c in rendered.objects if c["kind"] == "ConfigMap" and c["metadata"]["name"].endswith("-config")
     ]
-    assert from_tree(yaml.safe_load(config_map["data"]["config.yaml"])).checkpoint.snapshot_every_steps == 7
+    assert from_tree(yaml.safe_load(config_map["data"]["config.yaml"])).metrics.port == 9411
 
 
 def test_elastic_policy_defaults():
@@ -419,11 +450,12 @@ def test_notes_say_how_to_follow_rank_zero():
             "auto",
             "at most the snapshot interval while any pod survives it",
         ),
-        ("snapshots.everySteps=10", "11264Mi", 10, "at most 10 steps while any pod survives it"),
-        ("shmSize=1Ti,snapshots.stateSize=512Mi,snapshots.everySteps=3", "1050112Mi", 3, "at most 3 steps"),
-        ("snapshots.everySteps=0", "8Gi", 0, "up to 50 steps (the checkpoint"),
+        (f"{EVERY}=10", "11264Mi", 10, "at most 10 steps while any pod survives it"),
+        (f"shmSize=1Ti,snapshots.stateSize=512Mi,{EVERY}=3", "1050112Mi", 3, "at most 3 steps"),
+        (f"{EVERY}=0", "8Gi", 0, "up to 50 steps (the checkpoint"),
+        ("snapshots.everySteps=4", "11264Mi", 4, "at most 4 steps"),  # the deprecated name still works
         (  # 0 is a value, not "unset": NOTES must not show the default
-            "snapshots.everySteps=0,trainer.config.checkpoint.every_steps=0",
+            f"{EVERY}=0,trainer.config.checkpoint.every_steps=0",
             "8Gi",
             0,
             "the whole run (checkpoint.every_steps=0 saves only at the end) when every pod is lost",
@@ -431,6 +463,7 @@ def test_notes_say_how_to_follow_rank_zero():
     ],
 )
 def test_dev_shm_is_sized_for_the_snapshots_and_notes_say_what_a_failure_costs(sets, limit, every, costs):
+    """The snapshot interval's home is the trainer's own key; the chart sizes /dev/shm by it."""
     rendered = render(merge_values(sets=["gpus=8", sets]))
     template = pod_templates(rendered.one("PyTorchJob"))["Worker"]
     (shm,) = [volume for volume in template["spec"]["volumes"] if volume["name"] == "dshm"]

@@ -134,3 +134,10 @@ def test_the_operators_cli_and_the_fork_client_import_no_torch(module):
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.strip() == "False"
+
+
+def test_every_folder_of_modules_is_a_package():
+    """setuptools' find_packages leaves out a folder without `__init__.py` (an implicit
+    namespace package), so an installed copy (the image's) would lack its modules."""
+    folders = {path.parent for top in PACKAGES for path in (ROOT / top).rglob("*.py")}
+    assert sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").exists()) == []

@@ -98,9 +98,9 @@ def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapsh
         files=[CPU_VALUES],
         sets=[
             f"jobKind={kind}",
-            f"checkpoints.s3.bucket={s3_bucket.name},checkpoints.s3.prefix={prefix},"
-            f"checkpoints.s3.endpoint={s3_bucket.endpoint},checkpoints.s3.region=us-east-1,"
-            f"checkpoints.s3.existingSecret=s3-keys,metrics.port={free_port()}",
+            f"checkpoint.s3.bucket={s3_bucket.name},checkpoint.s3.prefix={prefix},"
+            f"checkpoint.s3.endpoint={s3_bucket.endpoint},checkpoint.s3.region=us-east-1,"
+            f"checkpoint.s3.existingSecret=s3-keys,metrics.port={free_port()}",
             "trainer.config.data.name=plugins:slow_digits,trainer.config.data.options.delay_s=0.002,"
             "trainer.config.train.max_steps=60,trainer.config.checkpoint.every_steps=1000,"
             "trainer.config.model.dropout=0.3,trainer.config.log.every_steps=10",
@@ -159,9 +159,9 @@ def test_a_trainjob_resumes_the_checkpoints_a_pytorchjob_left(s3_bucket, tmp_pat
     host_env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
     host_env.pop("AWS_ENDPOINT_URL", None)
     common = (
-        f"cpuNodes=1,checkpoints.s3.bucket={s3_bucket.name},checkpoints.s3.prefix=moved,"
-        f"checkpoints.s3.endpoint={s3_bucket.endpoint},checkpoints.s3.region=us-east-1,"
-        "checkpoints.s3.existingSecret=s3-keys,trainer.config.checkpoint.every_steps=10"
+        f"cpuNodes=1,checkpoint.s3.bucket={s3_bucket.name},checkpoint.s3.prefix=moved,"
+        f"checkpoint.s3.endpoint={s3_bucket.endpoint},checkpoint.s3.region=us-east-1,"
+        "checkpoint.s3.existingSecret=s3-keys,trainer.config.checkpoint.every_steps=10"
     )
     logs = {}
     for kind, steps in (("PyTorchJob", 20), ("TrainJob", 30)):
@@ -188,9 +188,9 @@ def test_a_trainjob_past_its_backoff_limit_restarts_whole_and_resumes_from_the_s
         files=[CPU_VALUES],
         sets=[
             "jobKind=TrainJob,runPolicy.backoffLimit=0,trainJob.maxRestarts=1",
-            f"checkpoints.s3.bucket={s3_bucket.name},checkpoints.s3.prefix=whole,"
-            f"checkpoints.s3.endpoint={s3_bucket.endpoint},checkpoints.s3.region=us-east-1,"
-            "checkpoints.s3.existingSecret=s3-keys",
+            f"checkpoint.s3.bucket={s3_bucket.name},checkpoint.s3.prefix=whole,"
+            f"checkpoint.s3.endpoint={s3_bucket.endpoint},checkpoint.s3.region=us-east-1,"
+            "checkpoint.s3.existingSecret=s3-keys",
             "trainer.config.data.name=plugins:slow_digits,trainer.config.data.options.delay_s=0.002,"
             "trainer.config.train.max_steps=50,trainer.config.checkpoint.every_steps=10",
         ],
@@ -366,7 +366,7 @@ def test_the_docker_runtime_runs_each_pod_as_its_manifest_says(tmp_path):
     tests/test_image_e2e.py runs it): the pod's name, address, user, groups, read-only root,
     capabilities, limits and volumes; the Secret's value reaches it by name, never as text."""
     values = merge_values(
-        files=[CPU_VALUES], sets=["checkpoints.s3.bucket=b,checkpoints.s3.existingSecret=s3-keys"]
+        files=[CPU_VALUES], sets=["checkpoint.s3.bucket=b,checkpoint.s3.existingSecret=s3-keys"]
     )
     rendered = render(values, release="ddp-run", namespace="training")
     runtime = DockerRuntime(Engine("docker", {}, private=False), "ddp-run-ddp-trainer")

@@ -126,7 +126,7 @@ def frozen_node_job(tmp_path, index: int):
         files=[CPU_VALUES],
         sets=[
             # the store on a shared claim: a re-created pod's emptyDirs start empty
-            f"metrics.port={free_port()},nodeLoss.tolerationSeconds={TOLERATION_S:g},checkpoints.existingClaim=ckpt",
+            f"metrics.port={free_port()},nodeLoss.tolerationSeconds={TOLERATION_S:g},checkpoint.existingClaim=ckpt",
             "trainer.config.data.name=plugins:slow_digits,trainer.config.data.options.delay_s=0.002,"
             "trainer.config.train.max_steps=150,trainer.config.checkpoint.every_steps=1000,"
             "trainer.config.log.every_steps=10,trainer.config.log.format=json",

@@ -112,10 +112,49 @@ Fails with what to set when the count does not split into whole nodes.
 {{- dict "min" $min "max" $max | toJson -}}
 {{- end -}}
 
+{{/* Values under a name of the previous release, still honoured for this one: old name ->
+(new name, what NOTES.txt says). Each is read through the helpers below, never directly. */}}
+{{- define "ddp.deprecations" -}}
+{{- $lines := list -}}
+{{- if hasKey .Values "checkpoints" -}}
+{{- $lines = append $lines "checkpoints.* is now checkpoint.* (the trainer's name for it): rename it; the old name works until the next release" -}}
+{{- end -}}
+{{- if hasKey .Values "port" -}}
+{{- $lines = append $lines "port is now rendezvous.port: rename it; the old name works until the next release" -}}
+{{- end -}}
+{{- if hasKey .Values.snapshots "everySteps" -}}
+{{- $lines = append $lines "snapshots.everySteps is now trainer.config.checkpoint.snapshot_every_steps (the trainer's own key): move it there; the old name works until the next release" -}}
+{{- end -}}
+{{- toJson $lines -}}
+{{- end -}}
+
+{{/* The chart's `checkpoint` values, with the deprecated `checkpoints` over them where given. */}}
+{{- define "ddp.checkpointValues" -}}
+{{- $values := deepCopy .Values.checkpoint -}}
+{{- with .Values.checkpoints }}{{ $values = mergeOverwrite $values (deepCopy .) }}{{ end -}}
+{{- toJson $values -}}
+{{- end -}}
+
+{{/* The rendezvous port: rendezvous.port, or the deprecated top-level `port` where given. */}}
+{{- define "ddp.rendezvousPort" -}}
+{{- if hasKey .Values "port" }}{{ .Values.port }}{{ else }}{{ .Values.rendezvous.port }}{{ end -}}
+{{- end -}}
+
+{{/* The snapshot interval: the trainer's checkpoint.snapshot_every_steps (auto when unset),
+or the deprecated snapshots.everySteps where given. */}}
+{{- define "ddp.snapshotEvery" -}}
+{{- if hasKey .Values.snapshots "everySteps" -}}
+{{- .Values.snapshots.everySteps -}}
+{{- else -}}
+{{- dig "checkpoint" "snapshot_every_steps" "auto" .Values.trainer.config -}}
+{{- end -}}
+{{- end -}}
+
 {{/* checkpoint.uri for the trainer: S3 when a bucket is set, else the mounted volume. */}}
 {{- define "ddp.checkpointUri" -}}
-{{- if .Values.checkpoints.s3.bucket -}}
-{{- printf "s3://%s/%s" .Values.checkpoints.s3.bucket (default .Release.Name .Values.checkpoints.s3.prefix | trimPrefix "/") -}}
+{{- $checkpoint := include "ddp.checkpointValues" . | fromJson -}}
+{{- if $checkpoint.s3.bucket -}}
+{{- printf "s3://%s/%s" $checkpoint.s3.bucket (default .Release.Name $checkpoint.s3.prefix | trimPrefix "/") -}}
 {{- else -}}
 /checkpoints/{{ .Release.Name }}
 {{- end -}}
@@ -135,7 +174,7 @@ Fails with what to set when the count does not split into whole nodes.
 {{/* /dev/shm's size limit: shmSize, plus two snapshots and the writer's host copy of the
 training state when snapshots are on. */}}
 {{- define "ddp.shmSizeLimit" -}}
-{{- if ne (toString .Values.snapshots.everySteps) "0" -}}
+{{- if ne (include "ddp.snapshotEvery" .) "0" -}}
 {{- add (include "ddp.mebibytes" .Values.shmSize) (mul 3 (include "ddp.mebibytes" .Values.snapshots.stateSize)) }}Mi
 {{- else -}}
 {{- .Values.shmSize -}}
@@ -148,12 +187,11 @@ with another value is refused in one line that names both, never dropped in sile
 {{- define "ddp.trainerConfig" -}}
 {{- $managed := dict
   "checkpoint" (dict "uri" (include "ddp.checkpointUri" .) "cache_dir" "/tmp/checkpoint-cache"
-    "snapshot_every_steps" .Values.snapshots.everySteps "snapshot_dir" "/dev/shm/ddp-trainer-snapshots")
+    "snapshot_dir" "/dev/shm/ddp-trainer-snapshots")
   "metrics" (dict "port" (int .Values.metrics.port) "address" "0.0.0.0" "multiproc_dir" "/tmp/metrics")
 -}}
 {{- $homes := dict
-  "checkpoint" (dict "uri" "checkpoints.s3.bucket and checkpoints.s3.prefix, or checkpoints.existingClaim"
-    "snapshot_every_steps" "snapshots.everySteps")
+  "checkpoint" (dict "uri" "checkpoint.s3.bucket and checkpoint.s3.prefix, or checkpoint.existingClaim")
   "metrics" (dict "port" "metrics.port")
 -}}
 {{- range $section, $keys := $managed -}}
@@ -169,6 +207,9 @@ with another value is refused in one line that names both, never dropped in sile
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+{{- if hasKey .Values.snapshots "everySteps" -}}{{/* deprecated: it wins over the tree's default */}}
+{{- $_ := set $managed.checkpoint "snapshot_every_steps" .Values.snapshots.everySteps -}}
 {{- end -}}
 {{- mergeOverwrite (deepCopy .Values.trainer.config) $managed | toYaml -}}
 {{- end -}}

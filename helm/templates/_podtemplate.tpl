@@ -2,7 +2,8 @@
 TrainingRuntime's `node` job: one trainer container, named as each operator requires. */}}
 {{- define "ddp.podTemplate" -}}
 {{- $t := include "ddp.topology" . | fromJson -}}
-{{- $s3 := .Values.checkpoints.s3 -}}
+{{- $checkpoint := include "ddp.checkpointValues" . | fromJson -}}
+{{- $s3 := $checkpoint.s3 -}}
 {{- $trainJob := eq .Values.jobKind "TrainJob" -}}
 metadata:
   labels:
@@ -74,7 +75,7 @@ spec:
       ports:
         {{- if not $trainJob }}
         - name: pytorchjob-port
-          containerPort: {{ .Values.port }}
+          containerPort: {{ include "ddp.rendezvousPort" . }}
           protocol: TCP
         {{- end }}
         {{- if .Values.metrics.port }}
@@ -202,9 +203,9 @@ spec:
     {{- end }}
     {{- if not $s3.bucket }}
     - name: checkpoints
-      {{- if .Values.checkpoints.existingClaim }}
+      {{- if $checkpoint.existingClaim }}
       persistentVolumeClaim:
-        claimName: {{ .Values.checkpoints.existingClaim }}
+        claimName: {{ $checkpoint.existingClaim }}
       {{- else }}
       emptyDir: {}
       {{- end }}

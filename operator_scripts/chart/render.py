@@ -77,10 +77,10 @@ def _check_keys(values: dict[str, Any], schema: dict[str, Any], path: list[str])
                 f"{key}: not a chart value; trainer settings go under trainer.config.* "
                 f"(--set trainer.config.{key}.…)"
             )
-        if where.startswith("checkpoints.s3.") and re.search("secret|key|password|token", key, re.I):
+        if re.match(r"checkpoints?\.s3\.", where) and re.search("secret|key|password|token", key, re.I):
             raise ValuesError(
                 f"{where}: not a chart value; credentials go in a Secret, named by "
-                "checkpoints.s3.existingSecret (or none, with IRSA), never in values"
+                f"{path[0]}.s3.existingSecret (or none, with IRSA), never in values"
             )
         siblings = {name: ".".join([*path, name]) for name in known}
         hint = did_you_mean(key, siblings)

@@ -1,5 +1,5 @@
 """The controller `ddp-ops local` plays, for each kind the chart renders: training-operator
-v1.9.4 for a PyTorchJob (`operator_env`, `operator_status`), Kubernetes' Job controller with
+v1.9.4 for a PyTorchJob (`pytorchjob_env`, `pytorchjob_status`), Kubernetes' Job controller with
 JobSet v0.12.0 and Trainer v2.3.0 for a TrainJob (`trainjob_env`, `jobset_status`). Each
 answers the same questions of the run loop in `local`: which pods, what a container's exit
 does, the job's condition, which pods its end deletes."""
@@ -58,7 +58,7 @@ def rules_for(objects: list[dict[str, Any]]) -> JobRules:
 
 
 class PyTorchJobRules:
-    """training-operator v1.9.4 and the kubelet (operator_status)."""
+    """training-operator v1.9.4 and the kubelet (pytorchjob_status)."""
 
     kind = "PyTorchJob"
     jobset_restarts = 0

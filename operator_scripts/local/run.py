@@ -7,14 +7,14 @@ against, success and clean-up as the controllers decide them.
 
 Each pod's container runs in a `PodRuntime`: by default a process tree on this machine
 (`ProcessRuntime`), or, with `--runtime docker`, a container of the pod's image with the
-pod's user, capabilities and read-only root (`docker_runtime.DockerRuntime`). The operator
+pod's user, capabilities and read-only root (`runtimes.docker.DockerRuntime`). The operator
 and kubelet model is the same for both.
 
 Process stand-ins, since there are no pods:
 - a pod's network namespace is a loopback address (127.0.0.2, .3, ...), so one such run
-  at a time on a host (`process_runtime.claim_host_ports`); each pod runs in a
+  at a time on a host (`runtimes.process.claim_host_ports`); each pod runs in a
   UTS and mount namespace of its own (`unshare`) whose host name is the pod's name and
-  whose /etc/hosts is the job's table of running pods (`pod_sandbox`), so that a pod's
+  whose /etc/hosts is the job's table of running pods (`runtimes.sandbox`), so that a pod's
   name resolves exactly while its process runs, as a headless Service's does while its pod
   is Ready (common/service.go:229-244: no publishNotReadyAddresses);
 - the trainer gets `--set metrics.address=<address>`, so that every pod can serve its port;

@@ -1,5 +1,5 @@
-"""Processes and their group: torchrun's environment and the process group (`process_group`),
-`ddp-launch` around torchrun (`launch`), stopping together at a signal (`preemption`),
-finding a rank that stops making progress: each rank's record (`heartbeat`), the node's
-watchdog that reads them (`watchdog`) and the pod's `/healthz` (`liveness`); restarted
-workers forked from a warm server (`forkserver`)."""
+"""Processes and their group, inside a pod: torchrun's environment and the process group
+(`process_group`); finding a rank that stops making progress: each rank's record
+(`heartbeat`), the node's watchdog that reads them (`watchdog`) and the pod's `/healthz`
+(`liveness`); finding a node that is lost (`node_watch`, `elastic_bounds`); a crash that
+recurs (`recurrence`). What runs torchrun itself is `trainer.launcher`."""

@@ -3,8 +3,8 @@
 torchrun does not pass them on to its workers, yet a node that finds a peer lost must know
 whether the survivors may train without it. `ddp-launch` exports them from its torchrun
 arguments (`TRAINER_NNODES`); under the operators, the pod's own `PET_NNODES`, which the
-workers inherit, says the same (operator_env.py, trainjob_env.py). Torch-free: the
-launcher reads it too.
+workers inherit, says the same (operator_scripts/controllers: pytorchjob_env.py,
+trainjob_env.py). Torch-free: the launcher reads it too.
 """
 
 from __future__ import annotations

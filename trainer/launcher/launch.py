@@ -24,7 +24,7 @@ On a cluster three things go wrong with torchrun alone, and this wrapper owns th
   in no table (a container run with `--network none` and no /etc/hosts entry) it retries
   for 300 s. That is checked first too: one line, exit 2.
 SIGTERM and SIGINT go to torchrun once, as SIGTERM; it forwards it to the workers, which
-stop together and save (trainer/preemption.py). The exit code is then 128 + the signal
+stop together and save (trainer/loop/preemption.py). The exit code is then 128 + the signal
 (143 after SIGTERM: retryable), and torchrun's own traceback about the signal is left out.
 """
 

@@ -1,2 +1,2 @@
 """What a run tells: logs, Prometheus metrics, progress lines gathered from every rank, the
-step split into parts and the straggler, the start banner."""
+step split into parts and the straggler."""

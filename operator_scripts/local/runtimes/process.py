@@ -1,5 +1,5 @@
 """`ddp-ops local`'s default runtime: each pod a process tree on a loopback address, in UTS
-and mount namespaces of its own (`unshare`, then `pod_sandbox`), whose host name is the pod's
+and mount namespaces of its own (`unshare`, then `sandbox`), whose host name is the pod's
 name and whose /etc/hosts is the job's table of running pods."""
 
 from __future__ import annotations
