@@ -114,6 +114,24 @@ class Network:
     def heal(self, host: int) -> None:
         _ip("-n", self.switch, "link", "set", _port(host), "up")
 
+    def shape(self, host: int, rate_mbit: float | None) -> None:
+        """Cap what `host` sends at `rate_mbit` (a token bucket on its end of the cable, so
+        each direction of a link between two shaped hosts gets that rate), or lift the cap
+        (None). The qdisc lives in the host's namespace and goes with it. Rate only: this
+        kernel has no sch_netem for added delay (`tc qdisc add ... netem`: "Specified qdisc
+        kind is unknown"), so a link's latency is the veth pair's own, tens of microseconds."""
+        if rate_mbit is None:
+            subprocess.run(
+                ["tc", "-n", self.names[host], "qdisc", "del", "dev", "eth0", "root"], capture_output=True
+            )
+            return
+        # the bucket holds at least 4 ms at the rate, and a 64 KiB GSO segment with room to spare
+        burst = max(256 * 1024, int(rate_mbit * 1e6 / 8 * 0.004))
+        _tc(
+            "-n", self.names[host], "qdisc", "replace", "dev", "eth0", "root", "tbf",
+            "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "100ms",
+        )  # fmt: skip
+
 
 def _remove_orphans() -> None:
     """Namespaces of an earlier harness whose process is gone (SIGKILLed, which runs no
@@ -179,3 +197,9 @@ def _ip(*args: str) -> None:
     done = subprocess.run(["ip", *args], capture_output=True, text=True)
     if done.returncode != 0:
         raise OSError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+
+
+def _tc(*args: str) -> None:
+    done = subprocess.run(["tc", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise OSError(f"tc {' '.join(args)}: {done.stderr.strip()}")

@@ -74,3 +74,39 @@ def plot_step_split(results: list[Scaling], out: Path) -> Path:
     figure.savefig(out, dpi=110)
     plt.close(figure)
     return out
+
+
+def plot_links(measured: list, one_node_rate: float, out: Path) -> Path:
+    """Two nodes' samples/s against the link's rate (the estimate's bandwidth: the cap, or
+    the CPUs' stream ceiling), measured with and without compression, the estimate's
+    prediction as lines, and the ideal (twice one node)."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(7, 4.2))
+    for hook, color in (
+        ("none", "#fc8d62"),
+        ("bf16", "#66c2a5"),
+        ("fp16", "#8da0cb"),
+        ("powersgd", "#e78ac3"),
+    ):
+        rows = sorted((row for row in measured if row.hook == hook), key=lambda row: row.mbit)
+        if not rows:
+            continue
+        rates = [row.mbit for row in rows]
+        axis.plot(
+            rates, [row.run.samples_per_second for row in rows], "o", color=color, label=f"{hook}, measured"
+        )
+        if len(rows) > 1:
+            predicted = [row.predicted_samples_per_second for row in rows]
+            axis.plot(rates, predicted, "-", color=color, alpha=0.7, label=f"{hook}, estimate")
+    axis.axhline(2 * one_node_rate, color="k", linestyle="--", label="ideal (2 x one node)")
+    axis.axhline(one_node_rate, color="gray", linestyle=":", label="one node")
+    axis.set_xscale("log")
+    axis.set_xlabel("link rate, Mbit/s (the estimate's bandwidth)")
+    axis.set_ylabel("global samples/s, 2 nodes")
+    axis.set_ylim(bottom=0)
+    axis.grid(alpha=0.3, which="both")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+    return out

@@ -103,6 +103,11 @@ def test_bad_nccl_values_are_refused_at_render(sets, named):
             "trainer.config.train.amp=fp8",
             "trainer.config.train.amp='fp8': did you mean 'fp16'? must be 'off', 'bf16' or 'fp16'",
         ),
+        (  # what DDP sends is the trainer's setting too, checked at render like every key
+            "trainer.config.ddp.comm_hook=bf17",
+            "trainer.config.ddp.comm_hook='bf17': did you mean 'bf16'? must be 'none', 'bf16', 'fp16' or "
+            "'powersgd'",
+        ),
         (  # a trainer key without its prefix: Helm's schema would only say `at ''`
             "model.name=mlp",
             "model: not a chart value; trainer settings go under trainer.config.* "

@@ -8,6 +8,8 @@ from operator_scripts.reports.estimate import (
     PRESETS,
     Interconnect,
     ddp_buckets,
+    hook_bytes,
+    limit,
     main,
     predict,
     ring_allreduce_seconds,
@@ -41,7 +43,8 @@ def test_cli_prints_a_row_per_device_count(capsys):
         == 0
     )
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("eth-25g: 3.1 GB/s") and len(lines) == 4
+    assert lines[0].startswith("eth-25g: 3.1 GB/s") and len(lines) == 5  # heading, 2 rows, the answer
+    assert lines[-1].startswith("at 16 devices the step is")
     assert set(PRESETS) >= {"nvlink4", "pcie4", "ib-ndr400", "eth-100g"}
 
 
@@ -50,3 +53,34 @@ def test_ddp_ops_estimate(capsys):
 
     assert ddp_ops(["estimate", "--step-ms", "20", "--grad-mb", "10", "--devices", "4"]) == 0
     assert "nvlink4" in capsys.readouterr().out
+
+
+def test_what_each_hook_sends():
+    shapes = [(512, 256), (512,), (8, 4)]  # a matrix, a vector, a matrix too small to compress
+    elements = 512 * 256 + 512 + 8 * 4
+    assert hook_bytes("none", shapes) == 4 * elements
+    assert hook_bytes("bf16", shapes) == hook_bytes("fp16", shapes) == 2 * elements
+    # PowerSGD at rank 2: (512 + 256) x 2 floats for the matrix; 8 x 4 = 32 is under twice
+    # (8 + 4) x 2 = 48, so it goes whole, as the vector does
+    assert hook_bytes("powersgd", shapes, rank=2) == 4 * ((512 + 256) * 2 + 512 + 32)
+
+
+def test_the_answer_names_what_limits_the_speedup_first(capsys):
+    slow_link = predict(0.05, 100e6, 64, Interconnect("1g", 0.125e9, 50e-6), overlap=True)
+    assert "first: communication" in limit(slow_link, 0.0)
+    fast = predict(0.05, 1e6, 64, PRESETS["nvlink4"], overlap=True)
+    assert "first: compute" in limit(fast, 0.0) and "first: data loading" in limit(fast, 0.02)
+    assert main(["--step-ms", "50", "--grad-mb", "100", "--devices", "2", "--link-gbit", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("1 Gbit/s link: 0.125 GB/s") and out[-1].startswith("at 2 devices")
+    halved = main(
+        ["--step-ms", "50", "--grad-mb", "100", "--devices", "2", "--link-gbit", "1", "--comm-hook", "bf16"]
+    )
+    assert halved == 0 and "50.0 MB of gradients" in capsys.readouterr().out
+
+
+def test_one_bandwidth_only(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["--step-ms", "5", "--grad-mb", "1", "--link-gbit", "10", "--bandwidth-gbs", "3"])
+    assert exit.value.code == 2
+    assert "--bandwidth-gbs 3 and --link-gbit 10: give one" in capsys.readouterr().err

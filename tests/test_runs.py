@@ -309,15 +309,20 @@ def checkpoint_step(root: Path) -> int:
 
 
 @pytest.mark.slow
-def test_sigkill_and_restart_resumes_bitwise_identically(workdir):
+@pytest.mark.parametrize(
+    "ddp", ["ddp.comm_hook=none", "ddp.comm_hook=powersgd,ddp.powersgd_start_step=5,ddp.powersgd_rank=2"]
+)
+def test_sigkill_and_restart_resumes_bitwise_identically(workdir, ddp):
     """A worker SIGKILLed after a checkpoint, restarted by torchrun, ends with the same bits
-    as an uninterrupted run; dropout is on, so RNG restore is part of what is checked."""
+    as an uninterrupted run; dropout is on, so RNG restore is part of what is checked, and
+    with PowerSGD (started at step 5, the kill after step 20) its error feedback, warm
+    matrices and generator are."""
     common = [
         "--config",
         "digits",
         "--set",
         "data.name=plugins:slow_digits,data.options.delay_s=0.002,train.max_steps=60,"
-        "checkpoint.every_steps=10,model.dropout=0.3,log.every_steps=10",
+        f"checkpoint.every_steps=10,model.dropout=0.3,log.every_steps=10,{ddp}",
     ]
     reference = run_torchrun([*common, "--set", "checkpoint.uri=reference"], workdir)
     assert reference.returncode == 0, reference.stderr[-3000:]
@@ -348,6 +353,10 @@ def test_sigkill_and_restart_resumes_bitwise_identically(workdir):
         expected["optimizer"]["state"].values(), resumed["optimizer"]["state"].values(), strict=True
     ):
         assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+    if "powersgd" in ddp:  # every rank's error feedback is in the checkpoint, and it is not zero
+        errors = resumed["powersgd"]["errors"]
+        assert errors.shape[0] == 2 and errors.abs().sum() > 0
+        assert torch.equal(errors, expected["powersgd"]["errors"])
 
 
 def read_indices(folder: Path) -> dict[str, list[int]]:

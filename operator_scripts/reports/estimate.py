@@ -35,6 +35,8 @@ PRESETS = {
         Interconnect("ib-ndr400", 50e9, 5e-6),  # 400 Gb/s InfiniBand per GPU
         Interconnect("eth-100g", 12.5e9, 20e-6),  # 100 GbE
         Interconnect("eth-25g", 3.1e9, 30e-6),  # 25 GbE
+        Interconnect("eth-10g", 1.25e9, 30e-6),  # 10 GbE
+        Interconnect("eth-1g", 0.125e9, 50e-6),  # 1 GbE
     )
 }
 
@@ -59,6 +61,26 @@ class Prediction:
     @property
     def efficiency(self) -> float:
         return self.speedup / self.devices
+
+
+COMPRESSED_BYTES = {"none": 4, "bf16": 2, "fp16": 2}  # bytes per gradient element sent
+POWERSGD_MIN_COMPRESSION = 2  # torch's PowerSGDState default min_compression_rate
+
+
+def hook_bytes(hook: str, shapes: list[tuple[int, ...]], rank: int = 1) -> float:
+    """The bytes one rank's gradients put through the all-reduce per step under DDP's
+    communication hook `hook`: fp32, a 16-bit cast, or PowerSGD's P and Q (an n x m matrix
+    sends (n + m) x rank floats where that is at least `POWERSGD_MIN_COMPRESSION` times
+    smaller, as torch's hook decides; vectors and small matrices go uncompressed)."""
+    if hook != "powersgd":
+        return float(COMPRESSED_BYTES[hook] * sum(math.prod(shape) for shape in shapes))
+    floats = 0
+    for shape in shapes:
+        rows, columns = (shape[0], math.prod(shape[1:])) if len(shape) > 1 else (1, math.prod(shape))
+        low_rank = (rows + columns) * min(rank, rows, columns)
+        compress = len(shape) > 1 and rows * columns > low_rank * POWERSGD_MIN_COMPRESSION
+        floats += low_rank if compress else rows * columns
+    return 4.0 * floats
 
 
 def ddp_bucket_bytes(gradient_bytes: float, bucket_cap_mb: float = 25) -> list[float]:
@@ -117,6 +139,26 @@ def table(step_seconds: float, gradient_bytes: float, devices: list[int], link: 
     return "\n".join(lines)
 
 
+def limit(prediction: Prediction, data_seconds: float) -> str:
+    """What keeps `prediction` below N times one device, in one line: the communication left
+    exposed, the data wait, or nothing but compute."""
+    exposed = prediction.comm_seconds - prediction.hidden_seconds
+    step_ms, exposed_ms, data_ms = (
+        1000 * x for x in (prediction.step_seconds + data_seconds, exposed, data_seconds)
+    )
+    compute_ms = 1000 * prediction.single_step
+    if exposed_ms >= max(data_ms, 0.05 * step_ms):
+        what = f"communication: {exposed_ms:.1f} ms of all-reduce left exposed"
+    elif data_ms >= 0.05 * step_ms:
+        what = f"data loading: {data_ms:.1f} ms of waiting for batches"
+    else:
+        what = "compute: communication hides behind the backward pass and data keeps up"
+    return (
+        f"at {prediction.devices} devices the step is {step_ms:.1f} ms ({compute_ms:.1f} ms compute); "
+        f"what limits the speedup first: {what}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(
         prog="ddp-ops estimate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -133,16 +175,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interconnect", choices=sorted(PRESETS), default="nvlink4", help="link preset")
     parser.add_argument("--bandwidth-gbs", type=positive_float, help="override the preset's bandwidth (GB/s)")
     parser.add_argument(
+        "--link-gbit", type=positive_float, help="the link's rate in Gbit/s (instead of GB/s)"
+    )
+    parser.add_argument(
         "--latency-us", type=positive_float, help="override the preset's per-hop latency (us)"
     )
+    parser.add_argument(
+        "--comm-hook", choices=["none", "bf16", "fp16"], default="none",
+        help="ddp.comm_hook: bf16 and fp16 send half the bytes",
+    )  # fmt: skip
+    parser.add_argument("--data-ms", type=float, default=0.0, help="data wait per step on one device (ms)")
     args = parser.parse_args(argv)
+    if args.bandwidth_gbs is not None and args.link_gbit is not None:
+        parser.error(f"--bandwidth-gbs {args.bandwidth_gbs:g} and --link-gbit {args.link_gbit:g}: give one")
     preset = PRESETS[args.interconnect]
-    link = Interconnect(
-        preset.name,
-        preset.bandwidth if args.bandwidth_gbs is None else args.bandwidth_gbs * 1e9,
-        preset.latency if args.latency_us is None else args.latency_us * 1e-6,
-    )
-    print(table(args.step_ms / 1000, args.grad_mb * 1e6, args.devices, link))
+    name, bandwidth = preset.name, preset.bandwidth
+    if args.bandwidth_gbs is not None:
+        bandwidth = args.bandwidth_gbs * 1e9
+    if args.link_gbit is not None:
+        name, bandwidth = f"{args.link_gbit:g} Gbit/s link", args.link_gbit * 1e9 / 8
+    latency = preset.latency if args.latency_us is None else args.latency_us * 1e-6
+    link = Interconnect(name, bandwidth, latency)
+    gradient_bytes = args.grad_mb * 1e6 * COMPRESSED_BYTES[args.comm_hook] / 4
+    print(table(args.step_ms / 1000, gradient_bytes, args.devices, link))
+    most = predict(args.step_ms / 1000, gradient_bytes, max(args.devices), link, overlap=True)
+    print(limit(most, args.data_ms / 1000))
     return 0
 
 

@@ -23,8 +23,9 @@ T = TypeVar("T")
 # changing these cannot be applied to a checkpoint's state: its tensors have their shape,
 # its optimizer state its kind (SGD's momentum buffers are not AdamW's moments)
 REFUSED = ("model.name", "model.width", "model.depth", "model.heads", "model.options", "optim.name")
-# what is reported when it changed, and applied: the run's length, LR and batch arithmetic
-REPORTED = ("train.", "optim.", "model.dropout", "data.", "seed")
+# what is reported when it changed, and applied: the run's length, LR and batch arithmetic,
+# what DDP sends (a PowerSGD state of another hook is left unused)
+REPORTED = ("train.", "optim.", "model.dropout", "data.", "ddp.", "seed")
 
 
 def bounded(phase: str, budget_s: float, work: Callable[[], T], uri: str) -> T:

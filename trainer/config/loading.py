@@ -133,6 +133,13 @@ def from_tree(tree: dict[str, Any]) -> Config:
 
 def _check_across_sections(config: Config) -> None:
     """Rules that tie one section's value to another's."""
+    if config.ddp.comm_hook == "powersgd" and config.ddp.static_graph:
+        raise ConfigError(
+            "ddp.static_graph",
+            True,
+            "must be false with ddp.comm_hook=powersgd: its saved state is per DDP bucket, and a "
+            "static graph re-buckets after the first step of every start",
+        )
     drain, timeout = config.checkpoint.drain_timeout_s, config.dist.timeout_s
     if drain > timeout / 2:
         raise ConfigError(

@@ -207,6 +207,25 @@ class DistConfig:
 
 
 @dataclass(config=_SECTION)
+class DdpConfig:
+    """What DistributedDataParallel sends between ranks each step, and how (`trainer.loop.ddp`).
+
+    `comm_hook` compresses the gradients before the all-reduce: `bf16` and `fp16` halve the
+    bytes (fp16 keeps more mantissa, bf16 more range); `powersgd` sends a rank-`powersgd_rank`
+    approximation of each gradient matrix, with plain all-reduces for its first
+    `powersgd_start_step` steps and error feedback after, which is part of the training
+    state. `bucket_cap_mb` sizes the all-reduces that overlap the backward pass;
+    `static_graph` and `gradient_as_bucket_view` are DDP's own switches."""
+
+    comm_hook: Literal["none", "bf16", "fp16", "powersgd"] = "none"
+    powersgd_rank: PositiveInt = 1
+    powersgd_start_step: Annotated[int, Field(strict=True, ge=2)] = 100
+    bucket_cap_mb: PositiveFloat = 25.0
+    static_graph: bool = False
+    gradient_as_bucket_view: bool = False
+
+
+@dataclass(config=_SECTION)
 class WatchdogConfig:
     """Finding a rank that stops making progress (`trainer.distributed.watchdog`).
 
@@ -254,6 +273,7 @@ class Config:
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     dist: DistConfig = dataclasses.field(default_factory=DistConfig)
+    ddp: DdpConfig = dataclasses.field(default_factory=DdpConfig)
     watchdog: WatchdogConfig = dataclasses.field(default_factory=WatchdogConfig)
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
     seed: NonNegativeInt = 0

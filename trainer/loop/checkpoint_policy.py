@@ -13,12 +13,14 @@ import torch.distributed as dist
 
 from trainer.checkpoint import rng
 from trainer.checkpoint.manager import Checkpointer
+from trainer.checkpoint.recovery import ResumePoint, recover
 from trainer.checkpoint.snapshots import AUTO_FIRST, SnapshotDir, SnapshotPacer
 from trainer.checkpoint.writer import CheckpointWriter
 from trainer.checkpoint.writer_start import WriterHandle
-from trainer.config import CheckpointConfig
+from trainer.config import CheckpointConfig, Config
 from trainer.distributed.process_group import DistContext, broadcast_flag, broadcast_object
 from trainer.loop.preemption import Stopped, StopSignal, report_stop
+from trainer.loop.training_state import Restored, TrainingState
 from trainer.telemetry.checkpoint_stats import CheckpointStats
 from trainer.telemetry.log import event
 from trainer.telemetry.metrics import Metrics
@@ -115,7 +117,20 @@ class CheckpointPolicy:
     def start(self) -> None:
         self.writer.start(self.snapshots)
 
-    def resumed(self, step: int, *, from_store: bool) -> None:
+    def restore(
+        self, state: TrainingState, config: Config, budget_s: float
+    ) -> tuple[ResumePoint, Restored] | None:
+        """Agree on the newest intact step among the nodes' snapshots and the store, load it
+        on every rank (`TrainingState.load`), and count the next saves from it; None when
+        there is none. `budget_s` bounds what rank 0 does alone meanwhile."""
+        point, tree = recover(self.checkpointer, self.snapshots, self.context, self.device, budget_s)
+        if point is None:
+            return None
+        restored = state.load(tree, config, self.context, point.step, self.checkpointer.store.uri)
+        self._resumed(point.step, from_store=point.snapshot_rank is None)
+        return point, restored
+
+    def _resumed(self, step: int, *, from_store: bool) -> None:
         """The run resumed from `step`: the next snapshot is counted from it, and a step from
         the store is saved, and never deleted by retention. Resumed from a snapshot, rank 0
         still knows the store's newest step (what `latest.json` names), for its lines."""
@@ -172,11 +187,15 @@ class CheckpointPolicy:
         )  # fmt: skip
 
     def _gather_rng(self) -> torch.Tensor:
-        """Every rank's RNG streams, `[world_size, rng.PACKED_BYTES]`, on every rank: one
-        fixed-size collective (not a pickled object gather: ~5x slower), so that any node can
-        write a snapshot that resumes each rank."""
-        local = rng.pack().to(self.device)
-        gathered = torch.empty(self.context.world_size * local.numel(), dtype=torch.uint8, device=self.device)
+        """Every rank's RNG streams, `[world_size, rng.PACKED_BYTES]`, on every rank."""
+        return self.gather(rng.pack())
+
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        """Every rank's `local` (the same size on each), `[world_size, numel]` on every rank:
+        one fixed-size collective (not a pickled object gather: ~5x slower), so that any node
+        can write a snapshot that resumes each rank."""
+        local = local.flatten().to(self.device)
+        gathered = torch.empty(self.context.world_size * local.numel(), dtype=local.dtype, device=self.device)
         dist.all_gather_single(gathered, local)  # the concatenated form: gloo takes no other
         return gathered.view(self.context.world_size, -1).cpu()
 

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from trainer.checkpoint import Checkpointer
-from trainer.checkpoint.recovery import ResumePoint, recover
+from trainer.checkpoint.recovery import ResumePoint
 from trainer.checkpoint.writer_start import WriterHandle
 from trainer.config import Config
 from trainer.data import DataSplits, train_loader
@@ -26,6 +26,7 @@ from trainer.distributed.heartbeat import Heartbeat
 from trainer.distributed.process_group import DistContext, broadcast_flag, broadcast_object
 from trainer.loop.banner import RunFacts, announce_start
 from trainer.loop.checkpoint_policy import CheckpointPolicy
+from trainer.loop.ddp import PowerSGDCheckpoint, wrap
 from trainer.loop.early_stopping import EarlyStopping
 from trainer.loop.evaluate import Evaluator
 from trainer.loop.optim import LRSchedule, batch_math, build_optimizer
@@ -89,7 +90,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.train.amp == "fp16")
         self.stopper = EarlyStopping(config.train.early_stopping)
         self.evaluator = Evaluator(self.module, splits, config, context, device, heartbeat, metrics, logger)
-        self.state = TrainingState(self.module, self.optimizer, self.scaler, self.stopper)
+        self.powersgd = PowerSGDCheckpoint.of(config.ddp, config.seed)
+        self.state = TrainingState(self.module, self.optimizer, self.scaler, self.stopper, self.powersgd)
         self.loader = train_loader(
             splits.train,
             config.data,
@@ -135,15 +137,13 @@ class Trainer:
             self.checkpoints.close(self.config.checkpoint.drain_timeout_s)
 
     def _run(self) -> dict[str, Any]:
-        self.checkpoints.open_snapshots(self.state.size_bytes(self.config.optim))
+        self.checkpoints.open_snapshots(self.state.size_bytes(self.config.optim, self.context.world_size))
         with self.heartbeat.phase(phases.RESUME):
             self._restore()
             self.heartbeat.resumed_at(self.progress.step)
         self._plan()
         self.checkpoints.start()
-        self.model = DistributedDataParallel(
-            self.module, device_ids=[self.device.index] if self.device.type == "cuda" else None
-        )
+        self.model = wrap(self.module, self.device, self.config.ddp, self.powersgd)
         lap_when_backward_ends(self.module, self.clock)
         announce_start(
             self.log,
@@ -364,8 +364,9 @@ class Trainer:
         if self.checkpoints.write_in_flight:
             limit_s += wait_s
         with self.heartbeat.phase(phases.CHECKPOINT, limit_s):
+            errors = None if self.powersgd is None else self.checkpoints.gather(self.powersgd.local_errors())
             self.checkpoints.save(
-                lambda rng_states: self.state.tree(progress, rng_states, config, world_size),
+                lambda rng_states: self.state.tree(progress, rng_states, config, world_size, errors),
                 step=progress.step,
                 epoch=progress.epoch,
                 wait_s=wait_s,
@@ -388,13 +389,8 @@ class Trainer:
         self.checkpoints.report_at_stop(stopped, step, self.stop, self.solo_budget_s)
 
     def _restore(self) -> None:
-        """Agree on the newest intact step among the nodes' snapshots and the store, and
-        load it on every rank (see `TrainingState.load`)."""
-        point, state = recover(
-            self.checkpointer, self.checkpoints.snapshots, self.context, self.device, self.solo_budget_s
-        )
-        if point is None:
-            return
-        restored = self.state.load(state, self.config, self.context, point.step, self.checkpointer.store.uri)
-        self.progress, self.resume_notes, self.resume_point = restored.progress, restored.notes, point
-        self.checkpoints.resumed(point.step, from_store=point.snapshot_rank is None)
+        """Load the newest intact step of the snapshots and the store on every rank."""
+        found = self.checkpoints.restore(self.state, self.config, self.solo_budget_s)
+        if found is not None:
+            self.resume_point, restored = found
+            self.progress, self.resume_notes = restored.progress, restored.notes

@@ -1,6 +1,7 @@
 """What a checkpoint of a run holds, written and read in one place so that the two agree:
 the weights (no `module.` prefix), optimizer, scaler, early stopping, progress, every
-rank's RNG streams, the config and the world size it was saved at."""
+rank's RNG streams, PowerSGD's state where it runs, the config and the world size it was
+saved at."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from trainer.checkpoint.manager import CheckpointError
 from trainer.checkpoint.resume import config_changes
 from trainer.config import Config, OptimConfig, from_tree, to_tree
 from trainer.distributed.process_group import DistContext
+from trainer.loop.ddp import PowerSGDCheckpoint
 from trainer.loop.early_stopping import EarlyStopping
 from trainer.loop.optim import apply_hyperparameters, batch_math
 from trainer.loop.plan import Progress
@@ -36,20 +38,31 @@ class TrainingState:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     stopper: EarlyStopping
+    powersgd: PowerSGDCheckpoint | None = None
 
-    def size_bytes(self, optim: OptimConfig) -> int:
+    def size_bytes(self, optim: OptimConfig, world_size: int) -> int:
         """The size of a saved state: weights and buffers, and the optimizer's per-parameter
-        state (AdamW's two moments, SGD's momentum), which exists only after a first step."""
+        state (AdamW's two moments, SGD's momentum), which exists only after a first step;
+        with PowerSGD, every rank's error feedback, a gradient's size each."""
         weights = sum(t.numel() * t.element_size() for t in self.module.state_dict().values())
         params = sum(p.numel() * p.element_size() for p in self.module.parameters())
         slots = 2 if optim.name == "adamw" else int(optim.momentum > 0)
-        return weights + slots * params + 2**20
+        errors = world_size * params if self.powersgd else 0
+        return weights + slots * params + errors + 2**20
 
     def tree(
-        self, progress: Progress, rng_states: torch.Tensor, config: Config, world_size: int
+        self,
+        progress: Progress,
+        rng_states: torch.Tensor,
+        config: Config,
+        world_size: int,
+        errors: torch.Tensor | None = None,
     ) -> dict[str, Any]:
-        """The saved tree; `rng_states` holds every rank's streams, `[world_size, bytes]`."""
+        """The saved tree; `rng_states` holds every rank's streams, `[world_size, bytes]`, and
+        `errors` every rank's PowerSGD error feedback (`PowerSGDCheckpoint.local_errors`)."""
+        extra = {} if self.powersgd is None else {"powersgd": self.powersgd.tree(errors)}
         return {
+            **extra,
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -85,11 +98,19 @@ class TrainingState:
         progress = Progress(
             **{"samples": state["progress"]["step"] * saved.global_batch, **state["progress"]}
         )
-        if state["world_size"] == context.world_size:
+        same_world = state["world_size"] == context.world_size
+        if same_world:
             rng.restore(state["rng"][context.rank])
         else:
             rng.seed_everything(config.seed + 1_000_003 * (step + 1) + context.rank)
         notes = [f"changed since step {step}, applied: {change}" for change in changes]
+        if self.powersgd is not None and "powersgd" in state:
+            device = next(self.module.parameters()).device
+            self.powersgd.load(state["powersgd"], context.rank if same_world else None, device)
+            if not same_world:
+                notes.append(
+                    f"PowerSGD's error feedback starts at zero: step {step} has it for another world size"
+                )
         now = batch_math(config.train, config.optim, context.world_size)
         if saved.global_batch != now.global_batch:
             notes.append(

@@ -1,0 +1,43 @@
+"""`benchmarks.links` on a small model: two nodes in real network namespaces, joined by a link
+shaped with a real token bucket, against one node; the shaped link slows the two nodes,
+bf16 compression wins back part of it, and nothing is left behind."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, process_env
+
+from benchmarks.namespaces import isolation_available
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.alone,  # it measures throughput
+    pytest.mark.skipif(not isolation_available(), reason="needs root and network namespaces"),
+]
+ROW = re.compile(r"^\s*(.+?)\s+(none|bf16): +([\d,.]+) samples/s, speedup ([\d.]+)x.*estimate ([\d,.]+)")
+
+
+def test_a_shaped_link_slows_two_nodes_and_bf16_sends_half():
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "benchmarks.links", "--quick", "--rates", "8,unshaped",
+            "--hooks", "none,bf16", "--reference", "8", "--steps", "36",
+        ],
+        cwd=REPO, env=process_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    rows = {(m[1], m[2]): float(m[3].replace(",", "")) for m in map(ROW.match, done.stdout.splitlines()) if m}
+    assert set(rows) == {(link, hook) for link in ("8 Mbit/s", "unshaped") for hook in ("none", "bf16")}
+    # the quick model's 0.5 MB of gradients take about half a second at 8 Mbit/s: the link
+    # bounds the step, and half the bytes nearly halve it
+    assert rows[("8 Mbit/s", "none")] < rows[("unshaped", "none")] / 3
+    assert rows[("8 Mbit/s", "bf16")] > 1.5 * rows[("8 Mbit/s", "none")]
+    last = done.stdout.strip().splitlines()[-1]
+    expected = r"links: bf16/none at 8 Mbit/s \d+\.\d\dx; estimate error max \d+% over 2 links"
+    assert re.fullmatch(expected, last)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "ddp" not in listed  # namespaces, and with them the links and their qdiscs, are gone
