@@ -57,6 +57,15 @@ def environment() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_path(), **RDZV_ENV}
 
 
+def on_host(network: Network, host: int, command: list[str], cwd: Path) -> subprocess.Popen:
+    """`command` started on `host`, in a session of its own (so that all of it can be killed),
+    its output piped."""
+    return subprocess.Popen(
+        [*network.prefix(host), *command], cwd=cwd, env=environment(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
 def trainer_args(model: str, hook: str, steps: int, log_every: int) -> list[str]:
     """The trainer's arguments for one run, checkpoints in its own temporary folder; PowerSGD
     starts after 10 plain steps, so that the run measures it rather than its warm-up."""
@@ -93,16 +102,7 @@ def one_node(network: Network, args: list[str], timeout_s: float, *, beside: boo
         for host in (0, 1) if beside else (0,):  # each in a folder of its own: a checkpoint owner each
             folder = Path(workdir) / f"host{host}"
             folder.mkdir()
-            runs.append(
-                subprocess.Popen(
-                    [*network.prefix(host), *command],
-                    cwd=folder,
-                    env=environment(),
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-            )
+            runs.append(on_host(network, host, command, folder))
         outputs = [run.communicate(timeout=timeout_s) for run in runs]
     for run, (_, stderr) in zip(runs, outputs, strict=True):
         if run.returncode != 0:
@@ -142,17 +142,7 @@ def on_two_hosts(network: Network, args: list[str], timeout_s: float) -> str:
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={network.addresses[0]}:{port}", "--rdzv-id=links",
                 f"--rdzv-conf=is_host={int(index == 0)}", f"--local-addr={network.addresses[index]}", *args,
             ]  # fmt: skip
-            agents.append(
-                subprocess.Popen(
-                    [*network.prefix(index), *command],
-                    cwd=workdir,
-                    env=environment(),
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    start_new_session=True,
-                )
-            )
+            agents.append(on_host(network, index, command, Path(workdir)))
         try:
             outputs = [agent.communicate(timeout=timeout_s) for agent in agents]
         finally:
