@@ -193,13 +193,16 @@ def _port(host: int) -> str:
     return f"port{host}"
 
 
-def _ip(*args: str) -> None:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+def _run(*argv: str) -> None:
+    """An iproute2 command (`ip`, `tc`) that must succeed: OSError with its own message."""
+    done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:
-        raise OSError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+        raise OSError(f"{' '.join(argv)}: {done.stderr.strip()}")
+
+
+def _ip(*args: str) -> None:
+    _run("ip", *args)
 
 
 def _tc(*args: str) -> None:
-    done = subprocess.run(["tc", *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise OSError(f"tc {' '.join(args)}: {done.stderr.strip()}")
+    _run("tc", *args)

@@ -36,8 +36,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.config import DdpConfig
 
-HOOKS = {"fp16": default_hooks.fp16_compress_hook}
-
 
 def bf16_compress(
     process_group: dist.ProcessGroup, bucket: dist.GradBucket
@@ -49,7 +47,7 @@ def bf16_compress(
     return default_hooks.bf16_compress_hook(process_group, bucket)
 
 
-HOOKS["bf16"] = bf16_compress
+HOOKS = {"bf16": bf16_compress, "fp16": default_hooks.fp16_compress_hook}
 
 
 def wrap(
@@ -58,12 +56,15 @@ def wrap(
     """The module in DDP with `config`'s buckets, switches and hook; `powersgd` holds the
     PowerSGD state when the hook is `powersgd`."""
     powersgd_on = config.comm_hook == "powersgd"
-    model_mb = sum(p.numel() * p.element_size() for p in module.parameters()) / 2**20
+    one_bucket = None
+    if powersgd_on:  # a bucket the size of the model (see the module's docstring)
+        model_mb = sum(p.numel() * p.element_size() for p in module.parameters()) / 2**20
+        one_bucket = [math.ceil(model_mb) + 1]
     model = DistributedDataParallel(
         module,
         device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb=config.bucket_cap_mb,
-        bucket_cap_mb_list=[math.ceil(model_mb) + 1] if powersgd_on else None,
+        bucket_cap_mb_list=one_bucket,
         static_graph=config.static_graph,
         gradient_as_bucket_view=config.gradient_as_bucket_view,
         find_unused_parameters=powersgd_on,
