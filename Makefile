@@ -10,7 +10,7 @@ OPS := $(VENV)/.installed-ops
 # and promtool, kubectl for `kubectl kustomize`, unshare for ddp-ops local's pod sandboxes;
 # and what the image targets run: a container engine, mmdebstrap for the stand-in base.
 # tests/debian-tools.sh installs what is missing as root, or names it in one line
-TEST_TOOLS := prometheus:prometheus promtool:prometheus kubectl:kubernetes-client unshare:util-linux
+TEST_TOOLS := prometheus:prometheus promtool:prometheus kubectl:kubernetes-client unshare:util-linux iptables:iptables
 IMAGE_TOOLS := dockerd:docker.io mmdebstrap:mmdebstrap
 # torchrun's restarts reuse no rendezvous store port: without it, 3 of 7 kill-and-restart
 # trials under --standalone hung or failed to connect (docs/facts.md, "the rendezvous store")

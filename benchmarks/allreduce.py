@@ -1,6 +1,8 @@
 """Under torchrun: time gloo all-reduces on this machine. Rank 0 prints JSON: the per-hop
 latency (from a 1 KiB all-reduce), the bandwidth of a 64 MiB one, and the time of each
-size given with `--bytes` (a step's DDP buckets, say), reduced one after another."""
+size given with `--bytes` (a step's DDP buckets, say), reduced one after another. All in
+`--dtype`: gloo sums 16-bit floats element by element through float32, so where the CPUs
+rather than the link bound an all-reduce, its bytes go slower than float32's."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import time
 import torch
 import torch.distributed as dist
 
-SMALL, LARGE = 256, 16 * 2**20  # float32 elements: 1 KiB and 64 MiB
+SMALL, LARGE = 1024, 64 * 2**20  # bytes: 1 KiB and 64 MiB
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def timed(tensors: list[torch.Tensor], repeats: int) -> float:
@@ -32,14 +35,20 @@ def timed(tensors: list[torch.Tensor], repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--bytes", type=int, nargs="*", default=[], help="sizes reduced as one step")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the tensors' type")
     args = parser.parse_args()
+    dtype = DTYPES[args.dtype]
+
+    def tensor(size_bytes: int) -> torch.Tensor:
+        return torch.ones(size_bytes // dtype.itemsize, dtype=dtype)
+
     dist.init_process_group("gloo")
     world = dist.get_world_size()
     hops = 2 * (world - 1)
-    latency = timed([torch.ones(SMALL)], 50) / hops
-    large = timed([torch.ones(LARGE)], 5)
-    bandwidth = (hops / world) * LARGE * 4 / max(large - hops * latency, 1e-9)
-    step = timed([torch.ones(size // 4) for size in args.bytes], 20) if args.bytes else 0.0
+    latency = timed([tensor(SMALL)], 50) / hops
+    large = timed([tensor(LARGE)], 5)
+    bandwidth = (hops / world) * LARGE / max(large - hops * latency, 1e-9)
+    step = timed([tensor(size) for size in args.bytes], 20) if args.bytes else 0.0
     if dist.get_rank() == 0:
         print(
             json.dumps(

@@ -66,12 +66,17 @@ def on_host(network: Network, host: int, command: list[str], cwd: Path) -> subpr
     )  # fmt: skip
 
 
-def trainer_args(model: str, hook: str, steps: int, log_every: int) -> list[str]:
-    """The trainer's arguments for one run, checkpoints in its own temporary folder; PowerSGD
-    starts after 10 plain steps, so that the run measures it rather than its warm-up."""
+def trainer_overrides(ddp: str) -> str:
+    """`ddp`'s `--set` (`ddp.*` keys, or nothing) on top of the runs' fixed settings; PowerSGD
+    starts after 10 plain steps, so that a run measures it rather than its warm-up."""
+    return ",".join(part for part in (FIXED, "ddp.powersgd_start_step=10", ddp) if part)
+
+
+def trainer_args(model: str, ddp: str, steps: int, log_every: int) -> list[str]:
+    """The trainer's arguments for one run, checkpoints in its own temporary folder."""
     overrides = (
-        f"{model},{FIXED},ddp.comm_hook={hook},ddp.powersgd_start_step=10,train.max_steps={steps},"
-        f"log.every_steps={log_every},checkpoint.uri=checkpoints"
+        f"{model},{trainer_overrides(ddp)},train.max_steps={steps},log.every_steps={log_every},"
+        "checkpoint.uri=checkpoints"
     )
     return ["-m", "trainer", "--config", "tokens", "--set", overrides]
 
@@ -124,9 +129,11 @@ class MeasuredLink:
     bandwidth_bytes_s: float
 
 
-def measure_link(network: Network) -> MeasuredLink:
-    """`benchmarks.allreduce` on the two hosts, as the trainer's all-reduces would run there."""
-    result = json.loads(on_two_hosts(network, ["-m", "benchmarks.allreduce"], 300).strip().splitlines()[-1])
+def measure_link(network: Network, dtype: str = "float32") -> MeasuredLink:
+    """`benchmarks.allreduce` on the two hosts in `dtype`, as the trainer's all-reduces
+    would run there."""
+    args = ["-m", "benchmarks.allreduce", "--dtype", dtype]
+    result = json.loads(on_two_hosts(network, args, 300).strip().splitlines()[-1])
     return MeasuredLink(result["latency_s"], result["bandwidth_bytes_s"])
 
 

@@ -34,7 +34,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from operator_scripts.local.runtimes.sandbox import bind_mount
@@ -102,6 +102,7 @@ class Network:
     names: list[str]
     switch: str
     addresses: list[str]
+    delayers: dict[int, subprocess.Popen] = field(default_factory=dict)
 
     def prefix(self, host: int) -> list[str]:
         """The command prefix that runs a program on `host`. Gloo binds the address of the
@@ -118,8 +119,8 @@ class Network:
         """Cap what `host` sends at `rate_mbit` (a token bucket on its end of the cable, so
         each direction of a link between two shaped hosts gets that rate), or lift the cap
         (None). The qdisc lives in the host's namespace and goes with it. Rate only: this
-        kernel has no sch_netem for added delay (`tc qdisc add ... netem`: "Specified qdisc
-        kind is unknown"), so a link's latency is the veth pair's own, tens of microseconds."""
+        kernel has no sch_netem (`tc qdisc add ... netem`: "Specified qdisc kind is
+        unknown"): `delay` adds latency."""
         if rate_mbit is None:
             subprocess.run(
                 ["tc", "-n", self.names[host], "qdisc", "del", "dev", "eth0", "root"], capture_output=True
@@ -131,6 +132,51 @@ class Network:
             "-n", self.names[host], "qdisc", "replace", "dev", "eth0", "root", "tbf",
             "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "100ms",
         )  # fmt: skip
+
+    def delay(self, host: int, delay_ms: float | None) -> None:
+        """Hold what reaches `host` `delay_ms` before its stack sees it (so a round trip
+        between two delayed hosts takes twice that more), or stop holding it (None). This
+        kernel has no sch_netem, fq or etf: the packets go through an NFQUEUE to
+        `benchmarks.link_delay`, run in the host's namespace. On the receiving side, because
+        a sender's own queue counts against TCP's small-queue limit (a socket may have only
+        about a millisecond of its rate below it), which held packets would fill: 20 MB took
+        18 s with 5 ms held on the way out, 0.17 s held on the way in. The rule and the
+        process go with `linked_hosts`."""
+        rule = ["INPUT", "-i", "eth0", "-j", "NFQUEUE", "--queue-num", "0", "--queue-bypass"]
+        iptables = ["ip", "netns", "exec", self.names[host], "iptables", "-w"]
+        running = self.delayers.pop(host, None)
+        if running is not None:
+            _run(*iptables, "-D", *rule)
+            _stop(running)
+        if delay_ms is None:
+            return
+        from benchmarks.runner import checkout_path  # imports torch: only where a delay is asked for
+
+        command = [
+            *self.prefix(host),
+            sys.executable,
+            "-m",
+            "benchmarks.link_delay",
+            f"--delay-ms={delay_ms}",
+        ]
+        environment = {**os.environ, "PYTHONPATH": checkout_path()}
+        delayer = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
+        )
+        if delayer.stdout.readline().strip() != "ready":  # bound to its queue, or failed saying why
+            _stop(delayer)
+            raise OSError(f"benchmarks.link_delay on {self.names[host]}: {delayer.stderr.read().strip()}")
+        self.delayers[host] = delayer
+        _run(*iptables, "-A", *rule)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _remove_orphans() -> None:
@@ -185,6 +231,8 @@ def linked_hosts(count: int, subnet: str = "10.77.0") -> Iterator[Network]:
                 network.addresses.append(address)
             yield network
     finally:
+        for delayer in network.delayers.values():
+            _stop(delayer)
         for name in reversed(made):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
 

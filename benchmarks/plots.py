@@ -79,7 +79,7 @@ def plot_step_split(results: list[Scaling], out: Path) -> Path:
 def plot_links(measured: list, one_node_rate: float, out: Path) -> Path:
     """Two nodes' samples/s against the link's rate (the estimate's bandwidth: the cap, or
     the CPUs' stream ceiling), measured with and without compression, the estimate's
-    prediction as lines, and the ideal (twice one node)."""
+    prediction as lines, a delayed link's run as a cross, and the ideal (twice one node)."""
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(7, 4.2))
     for hook, color in (
@@ -89,6 +89,11 @@ def plot_links(measured: list, one_node_rate: float, out: Path) -> Path:
         ("powersgd", "#e78ac3"),
     ):
         rows = sorted((row for row in measured if row.hook == hook), key=lambda row: row.mbit)
+        for row in [row for row in rows if row.delay_ms]:  # a point of its own, off the lines
+            axis.plot(
+                row.mbit, row.run.samples_per_second, "x", color=color, label=f"{hook}, +{row.delay_ms:g} ms"
+            )
+        rows = [row for row in rows if not row.delay_ms]
         if not rows:
             continue
         rates = [row.mbit for row in rows]

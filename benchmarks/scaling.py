@@ -121,11 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs per setting (default 3)")
     parser.add_argument("--plots", type=Path, default=Path("docs/performance"), help="folder for the PNGs")
     parser.add_argument("--steps", type=int, help="optimizer steps per run (default: the workload's own)")
+    parser.add_argument(
+        "--workloads", nargs="+", choices=sorted(WORKLOADS), default=list(WORKLOADS), help="the ones to run"
+    )
     args = parser.parse_args(argv)
     results = []
     steps = [f"train.max_steps={args.steps}"] if args.steps else []
-    for name, overrides in WORKLOADS.items():
-        results.append(measure(name, [*overrides, *steps], args.repeats))
+    for name in args.workloads:
+        results.append(measure(name, [*WORKLOADS[name], *steps], args.repeats))
         print("\n".join(describe(results[-1])))
     args.plots.mkdir(parents=True, exist_ok=True)
     for path in (

@@ -13,6 +13,7 @@ from operator_scripts.reports.estimate import (
     main,
     predict,
     ring_allreduce_seconds,
+    step_allreduces,
 )
 
 LINK = Interconnect("test", bandwidth=10e9, latency=10e-6)
@@ -63,6 +64,17 @@ def test_what_each_hook_sends():
     # PowerSGD at rank 2: (512 + 256) x 2 floats for the matrix; 8 x 4 = 32 is under twice
     # (8 + 4) x 2 = 48, so it goes whole, as the vector does
     assert hook_bytes("powersgd", shapes, rank=2) == 4 * ((512 + 256) * 2 + 512 + 32)
+
+
+def test_a_hook_pays_latency_per_call_of_its_fp32_buckets():
+    # bf16 halves the bytes, not the calls: DDP buckets the fp32 gradients (1 MiB, then 25 MiB)
+    assert step_allreduces("bf16", 100e6) == step_allreduces("none", 100e6) == ddp_buckets(100e6) == 5
+    assert step_allreduces("none", 100e6, bucket_cap_mb=100) == 2
+    # PowerSGD: the trainer's one bucket, reduced in three calls (vectors, P, Q)
+    assert step_allreduces("powersgd", 100e6) == 3
+    slow = Interconnect("far", 1e9, 10e-3)  # 10 ms a hop: the calls dominate
+    assert math.isclose(ring_allreduce_seconds(1e6, 2, slow, allreduces=3), 1e6 / 1e9 + 2 * 10e-3 * 3)
+    assert predict(0.1, 1e6, 2, slow, overlap=False, allreduces=3).comm_seconds == pytest.approx(0.061)
 
 
 def test_the_answer_names_what_limits_the_speedup_first(capsys):

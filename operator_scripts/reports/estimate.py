@@ -3,8 +3,10 @@
 Each rank keeps its own batch (weak scaling), so N ranks finish N times the samples of one
 step in `step(N)`: speedup = N * step(1) / step(N). The gradient all-reduce is a ring:
 every rank sends and receives 2(N-1)/N of the gradient bytes, in 2(N-1) latency-bound
-hops for each of DDP's buckets. With overlap, DDP's buckets start reducing while backward
-(about 2/3 of the step) still runs, hiding communication up to that long.
+hops for each all-reduce (one per DDP bucket; PowerSGD issues three per bucket). With
+overlap, DDP's buckets start reducing while backward (about 2/3 of the step) still runs,
+hiding communication up to that long. A communication hook's own work (the casts,
+PowerSGD's matrix products) is part of step(1): measure that step with the hook on.
 """
 
 from __future__ import annotations
@@ -94,25 +96,46 @@ def ddp_bucket_bytes(gradient_bytes: float, bucket_cap_mb: float = 25) -> list[f
     return sizes
 
 
-def ddp_buckets(gradient_bytes: float) -> int:
-    return len(ddp_bucket_bytes(gradient_bytes))
+def ddp_buckets(gradient_bytes: float, bucket_cap_mb: float = 25) -> int:
+    return len(ddp_bucket_bytes(gradient_bytes, bucket_cap_mb))
 
 
-def ring_allreduce_seconds(gradient_bytes: float, devices: int, link: Interconnect) -> float:
+# all-reduces per DDP bucket: PowerSGD's hook reduces the bucket's uncompressed tensors, then
+# the Ps, then the Qs, each from the one before's callback (torch 2.13,
+# torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py:570, 585 and 607)
+ALLREDUCES_PER_BUCKET = {"powersgd": 3}
+
+
+def step_allreduces(hook: str, fp32_bytes: float, bucket_cap_mb: float = 25) -> int:
+    """The all-reduces one step issues: DDP buckets its fp32 gradients whatever the hook
+    then sends (the trainer gives PowerSGD a single bucket, `trainer.loop.ddp`)."""
+    buckets = 1 if hook == "powersgd" else ddp_buckets(fp32_bytes, bucket_cap_mb)
+    return buckets * ALLREDUCES_PER_BUCKET.get(hook, 1)
+
+
+def ring_allreduce_seconds(
+    gradient_bytes: float, devices: int, link: Interconnect, allreduces: int | None = None
+) -> float:
     """Time of one step's ring all-reduces of `gradient_bytes` over `devices` ranks, in
-    DDP's buckets (each pays the hops' latency)."""
+    `allreduces` calls (default: DDP's fp32 buckets), each paying the hops' latency."""
     if devices <= 1:
         return 0.0
     hops = 2 * (devices - 1)
-    latency = hops * link.latency * ddp_buckets(gradient_bytes)
-    return hops / devices * gradient_bytes / link.bandwidth + latency
+    calls = ddp_buckets(gradient_bytes) if allreduces is None else allreduces
+    return hops / devices * gradient_bytes / link.bandwidth + hops * link.latency * calls
 
 
 def predict(
-    step_seconds: float, gradient_bytes: float, devices: int, link: Interconnect, *, overlap: bool
+    step_seconds: float,
+    gradient_bytes: float,
+    devices: int,
+    link: Interconnect,
+    *,
+    overlap: bool,
+    allreduces: int | None = None,
 ) -> Prediction:
     """Step time and speedup at `devices` ranks from the measured single-device step."""
-    comm = ring_allreduce_seconds(gradient_bytes, devices, link)
+    comm = ring_allreduce_seconds(gradient_bytes, devices, link, allreduces)
     return with_communication(step_seconds, comm, devices, overlap=overlap)
 
 
@@ -124,14 +147,19 @@ def with_communication(
     return Prediction(devices, step_seconds, comm_seconds, hidden)
 
 
-def table(step_seconds: float, gradient_bytes: float, devices: list[int], link: Interconnect) -> str:
+def table(
+    step_seconds: float, gradient_bytes: float, devices: list[int], link: Interconnect, allreduces: int
+) -> str:
     lines = [
         f"{link.name}: {link.bandwidth / 1e9:g} GB/s, {link.latency * 1e6:g} us per hop; "
         f"step {1000 * step_seconds:.1f} ms on one device, {gradient_bytes / 1e6:.1f} MB of gradients",
         "devices  all-reduce ms  speedup (no overlap)  speedup (overlap)  efficiency (overlap)",
     ]
     for n in devices:
-        plain, hidden = (predict(step_seconds, gradient_bytes, n, link, overlap=o) for o in (False, True))
+        plain, hidden = (
+            predict(step_seconds, gradient_bytes, n, link, overlap=o, allreduces=allreduces)
+            for o in (False, True)
+        )
         lines.append(
             f"{n:>7}  {1000 * plain.comm_seconds:>13.2f}  {plain.speedup:>20.2f}  {hidden.speedup:>17.2f}"
             f"  {100 * hidden.efficiency:>19.1f}%"
@@ -164,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="ddp-ops estimate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--step-ms", type=positive_float, required=True, help="measured single-device step time (ms)"
+        "--step-ms",
+        type=positive_float,
+        required=True,
+        help="measured single-device step time (ms), with --comm-hook's hook on (its casts are step work)",
     )
     parser.add_argument(
         "--grad-mb", type=positive_float, required=True, help="gradient size in MB (4 x fp32 parameters)"
@@ -197,8 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     latency = preset.latency if args.latency_us is None else args.latency_us * 1e-6
     link = Interconnect(name, bandwidth, latency)
     gradient_bytes = args.grad_mb * 1e6 * COMPRESSED_BYTES[args.comm_hook] / 4
-    print(table(args.step_ms / 1000, gradient_bytes, args.devices, link))
-    most = predict(args.step_ms / 1000, gradient_bytes, max(args.devices), link, overlap=True)
+    allreduces = step_allreduces(args.comm_hook, args.grad_mb * 1e6)
+    print(table(args.step_ms / 1000, gradient_bytes, args.devices, link, allreduces))
+    most = predict(
+        args.step_ms / 1000, gradient_bytes, max(args.devices), link, overlap=True, allreduces=allreduces
+    )
     print(limit(most, args.data_ms / 1000))
     return 0
 
