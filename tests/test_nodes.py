@@ -76,7 +76,9 @@ def test_a_frozen_rendezvous_host_is_named_by_the_other_node_which_waits_for_it(
 @pytest.mark.alone  # beside the busy suite a local watchdog once found a starved rank hung
 @pytest.mark.timeout(400)
 def test_where_the_bounds_need_both_nodes_the_survivor_says_so_and_waits_until_the_node_is_back(two_nodes):
-    job = two_nodes(epochs=100, nnodes="2", launcher_args=[f"--waiting-line-s={WAITING_LINE_S}"])
+    # with --nnodes=2 the survivor never trains alone, so the run cannot end before the node
+    # is back: 20 epochs (400 steps) leave room for the fault at step 60
+    job = two_nodes(epochs=20, nnodes="2", launcher_args=[f"--waiting-line-s={WAITING_LINE_S}"])
     waiting: list[float] = []
 
     def waited_twice(survivor, found_at: float) -> bool:
