@@ -11,8 +11,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
+import psutil
 import pytest
 from conftest import REPO, process_env
 
@@ -48,8 +48,8 @@ def holder() -> tuple[subprocess.Popen, int]:
 def running(pid: int) -> bool:
     """Whether `pid` is a process that has not exited (a zombie has)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
 
 
