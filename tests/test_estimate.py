@@ -91,6 +91,13 @@ def test_the_answer_names_what_limits_the_speedup_first(capsys):
     assert halved == 0 and "50.0 MB of gradients" in capsys.readouterr().out
 
 
+def test_a_negative_data_wait_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["--step-ms", "5", "--grad-mb", "1", "--data-ms", "-3"])
+    assert exit.value.code == 2
+    assert "argument --data-ms: '-3': must be 0 or more" in capsys.readouterr().err
+
+
 def test_one_bandwidth_only(capsys):
     with pytest.raises(SystemExit) as exit:
         main(["--step-ms", "5", "--grad-mb", "1", "--link-gbit", "10", "--bandwidth-gbs", "3"])

@@ -15,7 +15,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from trainer.config.argparsing import OneLineParser, positive_float, positive_int
+from trainer.config.argparsing import OneLineParser, non_negative_float, positive_float, positive_int
 
 BACKWARD_SHARE = 2 / 3  # backward costs about twice the forward
 
@@ -215,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         "--comm-hook", choices=["none", "bf16", "fp16"], default="none",
         help="ddp.comm_hook: bf16 and fp16 send half the bytes",
     )  # fmt: skip
-    parser.add_argument("--data-ms", type=float, default=0.0, help="data wait per step on one device (ms)")
+    parser.add_argument(
+        "--data-ms", type=non_negative_float, default=0.0, help="data wait per step on one device (ms)"
+    )
     args = parser.parse_args(argv)
     if args.bandwidth_gbs is not None and args.link_gbit is not None:
         parser.error(f"--bandwidth-gbs {args.bandwidth_gbs:g} and --link-gbit {args.link_gbit:g}: give one")

@@ -23,6 +23,13 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = _number(text, float)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = _number(text, int)
     if value <= 0:
