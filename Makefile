@@ -6,11 +6,17 @@ BIN := $(VENV)/bin
 TRAINER := $(VENV)/.installed-trainer
 INSTALLED := $(VENV)/.installed
 OPS := $(VENV)/.installed-ops
+# checkov, which checks the chart's pods for a NetworkPolicy (CKV2_K8S_6), in a venv of its own:
+# its pins conflict with the project's (with constraints.txt pip would take checkov 2.0)
+CHECKOV := $(VENV)/checkov/bin/checkov
+CHECKOV_VERSION := 3.3.30
 # what the integration tests run besides Python, as COMMAND:DEBIAN_PACKAGE: Prometheus server
-# and promtool, kubectl for `kubectl kustomize`, unshare for ddp-ops local's pod sandboxes;
+# and promtool, kubectl for `kubectl kustomize`, unshare for ddp-ops local's pod sandboxes, and
+# nsenter, setpriv, ip and iptables for its pod network and the job's NetworkPolicy there;
 # and what the image targets run: a container engine, mmdebstrap for the stand-in base.
 # tests/debian-tools.sh installs what is missing as root, or names it in one line
-TEST_TOOLS := prometheus:prometheus promtool:prometheus kubectl:kubernetes-client unshare:util-linux iptables:iptables
+TEST_TOOLS := prometheus:prometheus promtool:prometheus kubectl:kubernetes-client unshare:util-linux \
+	nsenter:util-linux setpriv:util-linux ip:iproute2 iptables:iptables
 IMAGE_TOOLS := dockerd:docker.io mmdebstrap:mmdebstrap
 # torchrun's restarts reuse no rendezvous store port: without it, 3 of 7 kill-and-restart
 # trials under --standalone hung or failed to connect (docs/facts.md, "the rendezvous store")
@@ -27,6 +33,10 @@ $(INSTALLED): $(TRAINER)
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
 
+$(CHECKOV): $(TRAINER)
+	$(PYTHON) -m venv $(VENV)/checkov
+	$(VENV)/checkov/bin/pip install --quiet --disable-pip-version-check checkov==$(CHECKOV_VERSION)
+
 $(OPS): $(TRAINER)
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[ops]'
 	touch $@
@@ -41,11 +51,11 @@ demo: $(TRAINER)
 ## test: lint, then the whole suite (real torchrun processes on loopback), side by side where
 ## it is safe, then the tests that need the machine to themselves; its last line is its wall
 ## time against its 20-minute budget (tests/suite.sh)
-test: $(INSTALLED) tools lint
+test: $(INSTALLED) $(CHECKOV) tools lint
 	@sh tests/suite.sh $(BIN)/pytest
 
 ## test-quick: everything but the multi-process runs marked slow
-test-quick: $(INSTALLED) tools lint
+test-quick: $(INSTALLED) $(CHECKOV) tools lint
 	$(BIN)/pytest -m "not slow and not image"
 
 tools:

@@ -106,7 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--pod-subnet",
         type=_subnet,
         default="10.213.0.0/24",
-        help="docker: the pods' internal network; this machine is its first address (default %(default)s)",
+        help="the pods' network (as root, or with docker); this machine is its first address "
+        "(default %(default)s)",
+    )
+    local.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        type=_secret,
+        metavar="NAME=FOLDER",
+        help="a Secret the job reads (checkpoint.s3.existingSecret), as a folder with a file per key, "
+        "e.g. s3-credentials=~/.ddp-secret holding `credentials` (repeatable)",
     )
     local.add_argument("--workdir", type=Path, help="folder for the pods' files (default: a temporary one)")
     local.add_argument(
@@ -164,6 +174,16 @@ def _subnet(text: str) -> str:
     return str(network)
 
 
+def _secret(text: str) -> tuple[str, Path]:
+    name, _, folder = text.partition("=")
+    path = Path(folder).expanduser()
+    if not name or not folder:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=FOLDER, e.g. s3-credentials=./secret")
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: {folder} is not a folder (a file per key of the Secret)")
+    return name, path
+
+
 def _delay(text: str) -> tuple[str, float]:
     pod, _, seconds = text.partition("=")
     try:
@@ -204,6 +224,7 @@ def _submit(args: argparse.Namespace) -> int:
 def _local(args: argparse.Namespace) -> int:
     from operator_scripts.local.pods import LocalError
     from operator_scripts.local.run import run
+    from operator_scripts.local.runtimes.process import ProcessRuntime
 
     rendered = _render(args)
     for line in rendered.notes.splitlines():  # render and submit print NOTES whole
@@ -222,6 +243,7 @@ def _local(args: argparse.Namespace) -> int:
         for pod, seconds in args.freeze_node
     ]
     options = {
+        "secrets": dict(args.secret),
         "timeout": args.timeout_s,
         "delays": dict(args.delay),
         "node_losses": losses,
@@ -231,7 +253,7 @@ def _local(args: argparse.Namespace) -> int:
         if args.runtime == "docker":
             outcome = _local_in_docker(rendered, workdir, args.pod_subnet, options)
         else:
-            outcome = run(rendered.objects, workdir, **options)
+            outcome = run(rendered.objects, workdir, runtime=ProcessRuntime(args.pod_subnet), **options)
     except LocalError as error:
         print(f"ddp-ops local: error: {error}", file=sys.stderr)
         return 2
@@ -252,7 +274,6 @@ def _local_in_docker(rendered, workdir: Path, subnet: str, options: dict):
     ]
     try:
         with engine() as docker, DockerRuntime(docker, job, subnet) as runtime:
-            print(f"pods on {subnet}; this machine is {runtime.gateway} there", file=sys.stderr)
             return run(rendered.objects, workdir, runtime=runtime, **options)
     except EngineError as error:
         raise LocalError(str(error)) from None

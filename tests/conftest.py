@@ -31,12 +31,14 @@ import yaml
 
 from benchmarks.metrics import free_port
 from benchmarks.namespaces import enter_private_network, isolation_available
+from operator_scripts.local.pod_network import PodNetwork, pod_networks_available
 from trainer.config import CheckpointConfig
 from trainer.config.loading import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).parent / "helpers"
 CPU_VALUES = REPO / "helm" / "ci" / "cpu-values.yaml"  # the chart's two CPU pods
+S3_SECRET = "s3-keys"  # the Secret the chart's S3 values name (cpu_chart_on_s3)
 
 
 def cpu_chart_on_s3(bucket: str, prefix: str, endpoint: str, *sets: str) -> dict:
@@ -46,7 +48,7 @@ def cpu_chart_on_s3(bucket: str, prefix: str, endpoint: str, *sets: str) -> dict
 
     s3 = (
         f"checkpoint.s3.bucket={bucket},checkpoint.s3.prefix={prefix},checkpoint.s3.endpoint={endpoint},"
-        "checkpoint.s3.region=us-east-1,checkpoint.s3.existingSecret=s3-keys"
+        f"checkpoint.s3.region=us-east-1,checkpoint.s3.existingSecret={S3_SECRET}"
     )
     return merge_values(files=[CPU_VALUES], sets=[s3, *sets])
 
@@ -411,6 +413,14 @@ class S3Bucket:
     def uri(self, prefix: str) -> str:
         return f"s3://{self.name}/{prefix}"
 
+    @property
+    def pod_endpoint(self) -> str:
+        """The endpoint as `ddp-ops local`'s pods reach it: this machine's address on their
+        pod network where each has a network of its own (as root), else loopback's."""
+        if not pod_networks_available():
+            return self.endpoint
+        return self.endpoint.replace("127.0.0.1", PodNetwork().gateway)
+
     def latest_step(self, prefix: str) -> int | None:
         try:
             body = self.client.get_object(Bucket=self.name, Key=f"{prefix}/latest.json")["Body"].read()
@@ -448,9 +458,21 @@ def serve_moto(address: str) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[str]:
-    """moto's S3 on 127.0.0.1 for the whole session."""
-    with serve_moto("127.0.0.1") as url:
-        yield url
+    """moto's S3 for the whole session, at http://127.0.0.1:PORT; on every address where
+    `ddp-ops local`'s pods have networks of their own (as root), so that they reach it at
+    this machine's address there (`S3Bucket.pod_endpoint`)."""
+    with serve_moto("0.0.0.0" if pod_networks_available() else "127.0.0.1") as url:
+        yield url.replace("0.0.0.0", "127.0.0.1")
+
+
+def s3_secrets(folder: Path, key_id: str = "testing", secret_key: str = "testing") -> dict[str, Path]:
+    """The Secret `s3-keys` as `ddp-ops local --secret` takes it: a folder with its one key,
+    `credentials`, an AWS credentials file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "credentials").write_text(
+        f"[default]\naws_access_key_id = {key_id}\naws_secret_access_key = {secret_key}\n"
+    )
+    return {S3_SECRET: folder}
 
 
 def s3_env(endpoint: str, **extra: str) -> dict[str, str]:

@@ -365,22 +365,47 @@ def test_security_defaults():
     assert pod["terminationGracePeriodSeconds"] >= 300
 
 
-def test_credentials_only_by_reference():
+def test_credentials_only_by_reference_and_only_as_a_file():
+    """The Secret's keys reach the pods as a read-only file of its volume, which the standard
+    chain reads (AWS_SHARED_CREDENTIALS_FILE), never as the value of a variable that every
+    process of the pod would inherit."""
     rendered = scenario(CHART_DIR / "ci" / "gpu-16-s3-values.yaml")
-    env = trainer_container(pod_templates(rendered.one("PyTorchJob"))["Worker"])["env"]
-    secret_refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if "valueFrom" in e}
-    assert secret_refs == {
-        "AWS_ACCESS_KEY_ID": {"name": "ddp-s3-credentials", "key": "AWS_ACCESS_KEY_ID"},
-        "AWS_SECRET_ACCESS_KEY": {"name": "ddp-s3-credentials", "key": "AWS_SECRET_ACCESS_KEY"},
+    template = pod_templates(rendered.one("PyTorchJob"))["Worker"]
+    container = trainer_container(template)
+    assert [e["name"] for e in container["env"] if "valueFrom" in e] == []
+    path = {e["name"]: e.get("value") for e in container["env"]}["AWS_SHARED_CREDENTIALS_FILE"]
+    (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+    assert mount["readOnly"] is True and path == f"{mount['mountPath']}/credentials"
+    (volume,) = [v["secret"] for v in template["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert volume == {
+        "secretName": "ddp-s3-credentials",
+        "defaultMode": 0o440,  # the pod's group (fsGroup) reads it, no one else
+        "optional": True,  # a missing key is the trainer's one line, not a pod stuck creating
+        "items": [{"key": "credentials", "path": "credentials"}],
     }
+    other_key = render(
+        merge_values(
+            sets=["checkpoint.s3.bucket=b,checkpoint.s3.existingSecret=s,checkpoint.s3.credentialsKey=aws"]
+        )
+    )
+    spec = pod_templates(other_key.one("PyTorchJob"))["Worker"]["spec"]
+    assert [v["secret"]["items"] for v in spec["volumes"] if "secret" in v] == [
+        [{"key": "aws", "path": "credentials"}]
+    ]
     assert not rendered.of_kind("Secret")
     sensitive = re.compile(r"(?i)secret|password|token|access_key|credential")
     for path in SCENARIOS:
         rendered = scenario(path)
         assert not re.search(r"AKIA[0-9A-Z]{16}", rendered.manifest)
         for template in pod_templates(rendered.one("PyTorchJob")).values():
-            for variable in trainer_container(template)["env"]:
-                assert not (sensitive.search(variable["name"]) and "value" in variable), (path.name, variable)
+            container = trainer_container(template)
+            read_only = [m["mountPath"] + "/" for m in container["volumeMounts"] if m.get("readOnly")]
+            for variable in container["env"]:
+                if not (sensitive.search(variable["name"]) and "value" in variable):
+                    continue
+                # a sensitive name holds only the path of a file on a read-only volume
+                assert variable["name"].endswith("_FILE"), (path.name, variable)
+                assert variable["value"].startswith(tuple(read_only)), (path.name, variable)
         for config_map in rendered.of_kind("ConfigMap"):
             assert not re.search(
                 r"(?im)^\s*(aws_\w+|\w*secret\w*|\w*password\w*)\s*:", str(config_map["data"])

@@ -180,7 +180,14 @@ def test_status_and_logs_against_hand_built_responses(capsys, monkeypatch, tmp_p
     assert all(path.startswith(("/apis/", "/api/")) for _, path in api.requests)
 
 
-CHART_KINDS = {"serviceaccounts", "configmaps", "pytorchjobs", "podmonitors", "prometheusrules"}
+CHART_KINDS = {
+    "networkpolicies",
+    "serviceaccounts",
+    "configmaps",
+    "pytorchjobs",
+    "podmonitors",
+    "prometheusrules",
+}
 
 
 def test_submit_without_the_crd_says_what_is_missing(capsys, monkeypatch, tmp_path):
@@ -194,15 +201,19 @@ def test_submit_without_the_crd_says_what_is_missing(capsys, monkeypatch, tmp_pa
 
 def test_submit_twice_updates_and_delete_removes_every_object_of_the_release(capsys, monkeypatch, tmp_path):
     """Against a model of the API's apply, list and delete (tests/helpers/object_api.py: no
-    API server can run here): create, then update, then the release's objects all gone and
-    another release's untouched."""
+    API server can run here): create, then update, then the release's objects all gone, and
+    another release's untouched, and another chart's object of the same release name too."""
     with ObjectApi(served=CHART_KINDS) as api:
         monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path)))
         assert main(["submit", "-n", "training", "--release", "other"]) == 0
+        foreign = {"app.kubernetes.io/instance": "ddp-run", "app.kubernetes.io/part-of": "someone-else"}
+        api.objects[("training", "configmaps", "not-ours")] = {
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "not-ours", "labels": foreign},
+        }  # fmt: skip
         others = set(api.objects)
         assert main(["submit", "-n", "training"]) == 0
-        created = capsys.readouterr().out.splitlines()[len(others) :]
-        assert len(created) == len(others) == 6 and all(line.endswith(" created") for line in created)
+        created = capsys.readouterr().out.splitlines()[len(others) - 1 :]
+        assert len(created) == len(others) - 1 == 7 and all(line.endswith(" created") for line in created)
         assert "pytorchjob/ddp-run-ddp-trainer created" in created
 
         job_key = ("training", "pytorchjobs", "ddp-run-ddp-trainer")

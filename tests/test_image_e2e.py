@@ -22,6 +22,7 @@ from conftest import (
     cpu_chart_on_s3,
     freeze_pod_1_once_snapshotted,
     pod_snapshot_steps,
+    s3_secrets,
     serve_moto,
 )
 
@@ -91,6 +92,7 @@ def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metri
         rendered = render(values, release=release, namespace="training")
         scraped: list[str] = []
         killed: list[str] = []
+        refused: list[str] = []
 
         held: dict[str, int] = {}
 
@@ -103,6 +105,7 @@ def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metri
             elif killed and not scraped and step >= 60:  # resumed, and past a progress line
                 with urllib.request.urlopen(f"http://{pods[0].address}:9401/metrics", timeout=5) as reply:
                     scraped.append(reply.read().decode())
+                refused.append(from_a_foreign_container(docker, runtime, pods[0].address))
 
         lines: list[str] = []
         outcome = run(
@@ -111,7 +114,7 @@ def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metri
             timeout=420,
             stream=lines.append,
             on_tick=kill_then_scrape,
-            host_env=SECRETS,
+            secrets=s3_secrets(tmp_path / "secret", *SECRETS.values()),
             runtime=runtime,
         )
         rank0_log = runtime.logs(pod_names[0])
@@ -132,6 +135,9 @@ def test_the_chart_job_runs_as_containers_survives_a_killed_pod_and_serves_metri
     assert_lost_within(held, pod_names[0], int(resumed[0][0]), int(resumed[0][1]), bound=5)
     assert f'"step": {max_steps}' in latest, latest
 
+    # the sandbox holds the job's NetworkPolicy: this machine (the node) scrapes, another
+    # container on the pod network reaches neither the store nor the metrics port
+    assert refused == ["23456 closed (timed out); 9401 closed (timed out)"], refused
     (metrics,) = scraped
     samples = [line for line in metrics.splitlines() if line.startswith("ddp_train_steps_total")]
     print("scraped from the rank-0 container:", *samples)
@@ -171,7 +177,7 @@ def test_a_paused_container_fails_its_liveness_probe_and_the_pod_is_recreated(do
             stream=None,
             notify=notes.append,
             on_tick=freeze_pod_1_once_snapshotted(20, frozen),
-            host_env=SECRETS,
+            secrets=s3_secrets(tmp_path / "secret", *SECRETS.values()),
             runtime=runtime,
         )
         latest = client.get_object(Bucket="e2e", Key=f"{prefix}/latest.json")["Body"].read().decode()
@@ -188,6 +194,29 @@ def test_a_paused_container_fails_its_liveness_probe_and_the_pod_is_recreated(do
     assert "watchdog" not in logs[f"{job_name}-worker-0"]  # its waiting rank was not blamed
     assert f'"step": {max_steps}' in latest, latest
     assert runtime.left_behind() == []
+
+
+FOREIGN_PROBE = """
+import socket, sys
+answers = []
+for port in (23456, 9401):
+    try:
+        socket.create_connection((sys.argv[1], port), timeout=1.5).close()
+        answers.append(f"{port} open")
+    except OSError as error:
+        answers.append(f"{port} closed ({error})")
+print("; ".join(answers))
+"""
+
+
+def from_a_foreign_container(docker: Engine, runtime: DockerRuntime, address: str) -> str:
+    """A container of the same image on the job's network that is none of its pods: what it
+    reaches of a pod's rendezvous store and metrics port."""
+    probe = docker.run(
+        "run", "--rm", "--network", runtime.network, "--label", f"ddp-ops-local={runtime.network}",
+        "--entrypoint", "python", default_tag(), "-c", FOREIGN_PROBE, address, check=False,
+    )  # fmt: skip
+    return probe.stdout.strip() or probe.stderr.strip()[-300:]
 
 
 INVENTORY = """
@@ -275,7 +304,8 @@ def test_a_derived_image_of_the_example_plugin_runs_the_chart_job(docker, tmp_pa
                 "trainer.config.model.name=wave_classifier.model:build_model",
             )  # fmt: skip
             rendered = render(values, release="example", namespace="training")
-            outcome = run(rendered.objects, tmp_path / "pods", timeout=300, host_env=SECRETS, runtime=runtime)
+            secrets = s3_secrets(tmp_path / "secret", *SECRETS.values())
+            outcome = run(rendered.objects, tmp_path / "pods", timeout=300, secrets=secrets, runtime=runtime)
             rank0_log = runtime.logs(f"{job_name}-worker-0")
         print(outcome.summary())
         assert outcome.status == "Succeeded", rank0_log[-3000:]

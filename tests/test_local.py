@@ -22,6 +22,7 @@ from conftest import (
     free_port,
     pod_snapshot_steps,
     process_env,
+    s3_secrets,
 )
 
 from operator_scripts.chart.render import merge_values, render
@@ -99,7 +100,7 @@ def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapsh
         sets=[
             f"jobKind={kind}",
             f"checkpoint.s3.bucket={s3_bucket.name},checkpoint.s3.prefix={prefix},"
-            f"checkpoint.s3.endpoint={s3_bucket.endpoint},checkpoint.s3.region=us-east-1,"
+            f"checkpoint.s3.endpoint={s3_bucket.pod_endpoint},checkpoint.s3.region=us-east-1,"
             f"checkpoint.s3.existingSecret=s3-keys,metrics.port={free_port()}",
             "trainer.config.data.name=plugins:slow_digits,trainer.config.data.options.delay_s=0.002,"
             "trainer.config.train.max_steps=60,trainer.config.checkpoint.every_steps=1000,"
@@ -108,8 +109,6 @@ def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapsh
     )
     rendered = render(values, release="ddp-run", namespace="training")
     host_env = process_env({"PYTHONPATH": os.pathsep.join([str(REPO), str(HELPERS)])})
-    host_env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    host_env.pop("AWS_ENDPOINT_URL", None)  # only what the chart sets reaches the pods
     killed = []
 
     held: dict[str, int] = {}
@@ -128,6 +127,7 @@ def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapsh
         stream=lines.append,
         on_tick=kill_worker_1_after_step_20,
         host_env=host_env,
+        secrets=s3_secrets(tmp_path / "secret"),
     )
     logs = {name: path.read_text() for name, path in outcome.logs.items()}
     assert outcome.status == DONE[kind], {k: v[-2000:] for k, v in logs.items()}
@@ -155,12 +155,10 @@ def test_a_trainjob_resumes_the_checkpoints_a_pytorchjob_left(s3_bucket, tmp_pat
     """Moving a project from v1 to v2: the same release, bucket and prefix, so the same
     checkpoint location (and the same job for its lease); the TrainJob resumes where the
     PyTorchJob stopped, not from step 0."""
-    host_env = process_env()
-    host_env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    host_env.pop("AWS_ENDPOINT_URL", None)
+    secrets = s3_secrets(tmp_path / "secret")
     common = (
         f"cpuNodes=1,checkpoint.s3.bucket={s3_bucket.name},checkpoint.s3.prefix=moved,"
-        f"checkpoint.s3.endpoint={s3_bucket.endpoint},checkpoint.s3.region=us-east-1,"
+        f"checkpoint.s3.endpoint={s3_bucket.pod_endpoint},checkpoint.s3.region=us-east-1,"
         "checkpoint.s3.existingSecret=s3-keys,trainer.config.checkpoint.every_steps=10"
     )
     logs = {}
@@ -169,7 +167,7 @@ def test_a_trainjob_resumes_the_checkpoints_a_pytorchjob_left(s3_bucket, tmp_pat
             files=[CPU_VALUES], sets=[f"jobKind={kind},{common},trainer.config.train.max_steps={steps}"]
         )
         rendered = render(values, release="ddp-run", namespace="training")
-        outcome = run(rendered.objects, tmp_path / kind, timeout=200, stream=None, host_env=host_env)
+        outcome = run(rendered.objects, tmp_path / kind, timeout=200, stream=None, secrets=secrets)
         logs[kind] = outcome.logs[pod_name(kind, "ddp-run", 0)].read_text()
         assert outcome.status == DONE[kind], logs[kind][-3000:]
     assert "resumed from step" not in logs["PyTorchJob"] and s3_bucket.latest_step("moved") == 30
@@ -182,14 +180,12 @@ def test_a_trainjob_past_its_backoff_limit_restarts_whole_and_resumes_from_the_s
     re-creates every pod (snapshots gone with their /dev/shm); the job resumes from the
     store's newest checkpoint and completes, one JobSet restart counted."""
     host_env = process_env({"PYTHONPATH": os.pathsep.join([str(REPO), str(HELPERS)])})
-    host_env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    host_env.pop("AWS_ENDPOINT_URL", None)
     values = merge_values(
         files=[CPU_VALUES],
         sets=[
             "jobKind=TrainJob,runPolicy.backoffLimit=0,trainJob.maxRestarts=1",
             f"checkpoint.s3.bucket={s3_bucket.name},checkpoint.s3.prefix=whole,"
-            f"checkpoint.s3.endpoint={s3_bucket.endpoint},checkpoint.s3.region=us-east-1,"
+            f"checkpoint.s3.endpoint={s3_bucket.pod_endpoint},checkpoint.s3.region=us-east-1,"
             "checkpoint.s3.existingSecret=s3-keys",
             "trainer.config.data.name=plugins:slow_digits,trainer.config.data.options.delay_s=0.002,"
             "trainer.config.train.max_steps=50,trainer.config.checkpoint.every_steps=10",
@@ -210,6 +206,7 @@ def test_a_trainjob_past_its_backoff_limit_restarts_whole_and_resumes_from_the_s
         stream=None,
         on_tick=kill_once_stored,
         host_env=host_env,
+        secrets=s3_secrets(tmp_path / "secret"),
     )
     logs = {name: path.read_text() for name, path in outcome.logs.items()}
     assert outcome.status == "Complete", {k: v[-2000:] for k, v in logs.items()}
@@ -363,15 +360,24 @@ def test_master_and_worker_mode_runs_locally(tmp_path):
 
 def test_the_docker_runtime_runs_each_pod_as_its_manifest_says(tmp_path):
     """The `docker create` of a pod, composed from the rendered manifest (only composed here:
-    tests/test_image_e2e.py runs it): the pod's name, address, user, groups, read-only root,
-    capabilities, limits and volumes; the Secret's value reaches it by name, never as text."""
+    tests/test_image_e2e.py runs it): the pod's name, its sandbox's network (which holds the
+    pod's name and address), user, groups, read-only root, capabilities, limits and volumes;
+    a variable's Secret value reaches it by name, never as text; the S3 Secret as a folder."""
     values = merge_values(
-        files=[CPU_VALUES], sets=["checkpoint.s3.bucket=b,checkpoint.s3.existingSecret=s3-keys"]
+        files=[CPU_VALUES],
+        sets=[
+            "checkpoint.s3.bucket=b,checkpoint.s3.existingSecret=s3-keys",
+            "trainer.extraEnv[0].name=TOKEN,trainer.extraEnv[0].valueFrom.secretKeyRef.name=tokens,"
+            "trainer.extraEnv[0].valueFrom.secretKeyRef.key=hub",
+        ],
     )
     rendered = render(values, release="ddp-run", namespace="training")
     runtime = DockerRuntime(Engine("docker", {}, private=False), "ddp-run-ddp-trainer")
-    secrets = {"AWS_ACCESS_KEY_ID": "key-id", "AWS_SECRET_ACCESS_KEY": "s3cr3t"}
-    pods = prepare(rendered.objects, tmp_path, host_env=secrets, runtime=runtime)
+    secrets = s3_secrets(tmp_path / "s3")
+    (tmp_path / "tokens").mkdir()
+    (tmp_path / "tokens" / "hub").write_text("s3cr3t")
+    secrets["tokens"] = tmp_path / "tokens"
+    pods = prepare(rendered.objects, tmp_path, host_env={}, runtime=runtime, secrets=secrets)
     hosts = HostsTable(tmp_path / "etc-hosts")
     argv = runtime.docker_create(pods[1], hosts)
     container = pods[1].plan.container
@@ -381,8 +387,8 @@ def test_the_docker_runtime_runs_each_pod_as_its_manifest_says(tmp_path):
     def values_of(flag: str) -> list[str]:
         return [options[i + 1] for i, option in enumerate(options) if option == flag]
 
-    assert values_of("--hostname") == values_of("--name") == [pods[1].name]
-    assert values_of("--ip") == ["10.213.0.3"] and values_of("--network") == [runtime.network]
+    assert values_of("--name") == [pods[1].name] and not values_of("--hostname") and not values_of("--ip")
+    assert values_of("--network") == [f"container:{pods[1].name}-sandbox"] and pods[1].address == "10.213.0.3"
     assert values_of("--user") == ["10001:10001"] and values_of("--group-add") == ["10001"]
     assert "--read-only" in options and values_of("--cap-drop") == ["ALL"] and not values_of("--cap-add")
     assert values_of("--security-opt") == ["no-new-privileges"]
@@ -391,14 +397,15 @@ def test_the_docker_runtime_runs_each_pod_as_its_manifest_says(tmp_path):
     for spec in values_of("--mount"):
         fields = dict(part.split("=") for part in spec.split(",") if "=" in part)
         mounts[fields["target"]] = spec
-    assert set(mounts) == {"/etc/hosts", "/etc/nsswitch.conf", "/etc/ddp-trainer", "/dev/shm", "/tmp"}
-    assert {target for target, spec in mounts.items() if spec.endswith(",readonly")} == {
-        "/etc/hosts", "/etc/nsswitch.conf", "/etc/ddp-trainer"
-    }  # fmt: skip
+    secret_mount = "/var/run/secrets/ddp-trainer/s3"
+    read_only = {"/etc/hosts", "/etc/nsswitch.conf", "/etc/ddp-trainer", secret_mount}
+    assert set(mounts) == {*read_only, "/dev/shm", "/tmp"}
+    assert {target for target, spec in mounts.items() if spec.endswith(",readonly")} == read_only
     assert f"source={hosts.path}," in mounts["/etc/hosts"] and f"source={pods[1].folder}/" in mounts["/tmp"]
     assert values_of("--entrypoint") == container["command"][:1]
     assert command == [*container["command"][1:], *container["args"]]  # the manifest's, unchanged
-    assert "AWS_SECRET_ACCESS_KEY" in values_of("--env") and "s3cr3t" not in " ".join(argv)
-    assert pods[1].env["AWS_SECRET_ACCESS_KEY"] == "s3cr3t" and pods[1].env["PET_NNODES"] == "2:2"
+    assert "TOKEN" in values_of("--env") and "s3cr3t" not in " ".join(argv)
+    assert pods[1].env["TOKEN"] == "s3cr3t" and pods[1].env["PET_NNODES"] == "2:2"
+    assert pods[1].env["AWS_SHARED_CREDENTIALS_FILE"] == f"{secret_mount}/credentials"  # a container path
     config = (pods[1].folder / "volumes" / "config" / "config.yaml").read_text()
     assert "snapshot_dir: /dev/shm/" in config  # container paths stay as they are in a container

@@ -16,7 +16,7 @@ from conftest import CPU_VALUES, REPO, process_env
 
 from operator_scripts.chart.code_bundle import CONFIGMAP_LIMIT, CodeError, code_values
 from operator_scripts.chart.render import deep_merge, merge_values, render
-from operator_scripts.local.pods import LocalError, _projected
+from operator_scripts.local.pods import LocalError, _config_map_contents, _projected
 from operator_scripts.local.run import run
 from trainer.config import ConfigError, DataConfig
 from trainer.config.registry import Registry
@@ -69,7 +69,7 @@ def test_the_chart_mounts_shipped_code_first_on_the_path_and_nothing_without_it(
     assert code["immutable"] is True
     spec = shipped.one("PyTorchJob")["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     (volume,) = [v for v in spec["volumes"] if v["name"] == "code"]
-    projected = _projected(volume["configMap"], code)
+    projected = _projected(volume["configMap"], _config_map_contents(code), "configmap")
     assert projected == {f["path"]: f["data"] for f in code_values(PACKAGE)["trainer"]["code"]}
     container = spec["containers"][0]
     assert {"name": "PYTHONPATH", "value": "/opt/ddp-code"} in container["env"]
@@ -78,7 +78,7 @@ def test_the_chart_mounts_shipped_code_first_on_the_path_and_nothing_without_it(
 
 def test_a_configmap_volume_naming_a_missing_key_keeps_the_pod_from_starting():
     with pytest.raises(LocalError, match="configmap code references non-existent config key: f0009"):
-        _projected({"name": "code", "items": [{"key": "f0009", "path": "a.py"}]}, {"data": {"f0000": ""}})
+        _projected({"name": "code", "items": [{"key": "f0009", "path": "a.py"}]}, {"f0000": ""}, "configmap")
 
 
 def test_a_plugin_module_that_fails_as_it_imports_is_one_line(tmp_path, monkeypatch):

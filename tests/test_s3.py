@@ -140,6 +140,11 @@ def test_a_background_write_does_not_see_later_changes(s3_bucket, tmp_path):
         ("missing-bucket", "bucket 'no-such-bucket-here' does not exist"),
         ("bad-endpoint", "cannot reach the S3 endpoint"),
         ("denied", "access denied (InvalidAccessKeyId)"),
+        # the chart's Secret without its key: the optional volume is empty
+        (
+            "no-credentials-file",
+            "no AWS credentials: AWS_SHARED_CREDENTIALS_FILE=/nonexistent/credentials does",
+        ),
     ],
 )
 def test_unusable_s3_stops_the_run_before_training(case, message, s3_bucket, workdir, moto_server):
@@ -149,6 +154,10 @@ def test_unusable_s3_stops_the_run_before_training(case, message, s3_bucket, wor
         AWS_MAX_ATTEMPTS="2",
         AWS_RETRY_MODE="standard",
     )
+    if case == "no-credentials-file":
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            env.pop(key)
+        env.update(AWS_SHARED_CREDENTIALS_FILE="/nonexistent/credentials", AWS_EC2_METADATA_DISABLED="true")
     if case == "denied":
         _moto_auth(moto_server, "0")  # from now on moto checks credentials against its IAM
     try:

@@ -20,6 +20,7 @@ from conftest import (
     pod_snapshot_steps,
     process_env,
     s3_env,
+    s3_secrets,
 )
 
 from operator_scripts.chart.render import render
@@ -45,7 +46,7 @@ def shards_in_s3(s3_bucket: S3Bucket) -> str:
 def chart_values(s3_bucket: S3Bucket, data: str, *sets: str) -> dict:
     """The CPU chart on the bucket: its endpoint and keys (one Secret) serve the dataset too."""
     return cpu_chart_on_s3(
-        s3_bucket.name, "run", s3_bucket.endpoint,
+        s3_bucket.name, "run", s3_bucket.pod_endpoint,
         f"metrics.port={free_port()}",
         f"trainer.config.data.name=plugins:seen_shards,trainer.config.data.path={data},"
         "trainer.config.checkpoint.every_steps=1000,trainer.config.log.every_steps=10",
@@ -54,10 +55,7 @@ def chart_values(s3_bucket: S3Bucket, data: str, *sets: str) -> dict:
 
 
 def host_env() -> dict[str, str]:
-    env = process_env({"PYTHONPATH": os.pathsep.join([str(REPO), str(HELPERS)])})
-    env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    env.pop("AWS_ENDPOINT_URL", None)  # only what the chart sets reaches the pods
-    return env
+    return process_env({"PYTHONPATH": os.pathsep.join([str(REPO), str(HELPERS)])})
 
 
 @pytest.mark.slow
@@ -78,7 +76,7 @@ def test_a_pod_lost_mid_epoch_on_s3_shards_resumes_bit_exact(s3_bucket, shards_i
             killed.append(pods[1].plan.name)
 
     outcome = run(rendered.objects, tmp_path / "pods", timeout=200, on_tick=kill_worker_1_after_step_25,
-                  host_env=host_env())  # fmt: skip
+                  host_env=host_env(), secrets=s3_secrets(tmp_path / "secret"))  # fmt: skip
     logs = "".join(path.read_text() for path in outcome.logs.values())
     assert outcome.status == "Succeeded" and killed, logs[-3000:]
     resumed = re.findall(
@@ -105,7 +103,10 @@ def test_a_job_resized_from_two_pods_to_one_and_back_reads_the_epoch_once(s3_buc
             "trainer.config.data.options.record_dir=/tmp/reads",  # in each pod's own /tmp
         )  # fmt: skip
         objects = render(values, release="ddp-run", namespace="training").objects
-        outcome = run(objects, tmp_path / f"pods-{number}", timeout=200, host_env=host_env())
+        outcome = run(
+            objects, tmp_path / f"pods-{number}", timeout=200, host_env=host_env(),
+            secrets=s3_secrets(tmp_path / "secret"),
+        )  # fmt: skip
         logs = "".join(path.read_text() for path in outcome.logs.values())
         assert outcome.status == "Succeeded", logs[-3000:]
     records = sorted(tmp_path.glob("pods-*/*/volumes/tmp/reads/rank*.txt"))

@@ -46,3 +46,16 @@ def error_code(error: Exception) -> str:
     """A botocore ClientError's code (`NoSuchKey`, `403`); empty for any other error."""
     response = getattr(error, "response", None) or {}
     return str(response.get("Error", {}).get("Code", ""))
+
+
+def missing_credentials() -> str:
+    """Why botocore found no credentials, where the environment says: a credentials file that
+    is not there (the chart mounts it from a Secret, optional so that this line says so)."""
+    path = os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "")
+    if path and not os.path.isfile(path):
+        return (
+            f"no AWS credentials: AWS_SHARED_CREDENTIALS_FILE={path} does not exist (the chart mounts it "
+            "from checkpoint.s3.existingSecret's key checkpoint.s3.credentialsKey, an AWS credentials file: "
+            "kubectl create secret generic NAME --from-file=credentials=FILE)"
+        )
+    return "no AWS credentials found (keys, profile or web identity)"

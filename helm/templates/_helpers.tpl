@@ -58,6 +58,26 @@ app.kubernetes.io/name: {{ include "ddp.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* Labels of the trainer pods, and exactly those of this install: what its NetworkPolicy
+selects and admits (another install's differ in app.kubernetes.io/instance). */}}
+{{- define "ddp.podLabels" -}}
+{{ include "ddp.selectorLabels" . }}
+app.kubernetes.io/component: trainer
+{{- end -}}
+
+{{/* The trainer image: repository@digest when image.digest is set (the bytes, whatever the
+tag now names), else repository:tag. */}}
+{{- define "ddp.image" -}}
+{{- if and .Values.image.digest (not (regexMatch "^sha256:[a-f0-9]{64}$" .Values.image.digest)) -}}
+{{- fail (printf "image.digest=%s: not an image digest; give sha256: and its 64 hex digits, as `docker buildx imagetools inspect IMAGE` or `docker inspect --format '{{index .RepoDigests 0}}' IMAGE` prints it" .Values.image.digest) -}}
+{{- end -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "ddp.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "ddp.fullname" .) .Values.serviceAccount.name -}}

@@ -1,14 +1,14 @@
 {{/* The pod template shared by a PyTorchJob's Master and Worker replicas and by the
 TrainingRuntime's `node` job: one trainer container, named as each operator requires. */}}
 {{- define "ddp.podTemplate" -}}
+{{- include "ddp.podChecks" . -}}
 {{- $t := include "ddp.topology" . | fromJson -}}
 {{- $checkpoint := include "ddp.checkpointValues" . | fromJson -}}
 {{- $s3 := $checkpoint.s3 -}}
 {{- $trainJob := eq .Values.jobKind "TrainJob" -}}
 metadata:
   labels:
-    {{- include "ddp.selectorLabels" . | nindent 4 }}
-    app.kubernetes.io/component: trainer
+    {{- include "ddp.podLabels" . | nindent 4 }}
   annotations:
     checksum/config: {{ include "ddp.trainerConfig" . | sha256sum }}
     {{- with .Values.podAnnotations }}
@@ -47,7 +47,7 @@ spec:
     {{- /* each operator's name: v1 finds `pytorch` (its DefaultContainerName), Trainer v2
     injects PET_* into `node` (pkg/constants/constants.go:69) */}}
     - name: {{ ternary "node" "pytorch" $trainJob }}
-      image: "{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}"
+      image: {{ include "ddp.image" . | quote }}
       imagePullPolicy: {{ .Values.image.pullPolicy }}
       # exec form: SIGTERM reaches ddp-launch, which forwards it to torchrun and the workers;
       # ddp-launch checks the config first and waits for the rendezvous host (values.yaml)
@@ -121,7 +121,7 @@ spec:
         - name: TORCH_ELASTIC_SHUTDOWN_TIMEOUT
           value: {{ max 10 (sub (int .Values.terminationGracePeriodSeconds) 15) | quote }}
         - name: TRAINER_IMAGE
-          value: "{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}"
+          value: {{ include "ddp.image" . | quote }}
         - name: HOME
           value: /tmp
         - name: TMPDIR
@@ -140,16 +140,10 @@ spec:
           value: {{ . | quote }}
         {{- end }}
         {{- if $s3.existingSecret }}
-        - name: AWS_ACCESS_KEY_ID
-          valueFrom:
-            secretKeyRef:
-              name: {{ $s3.existingSecret }}
-              key: {{ $s3.accessKeyIdKey }}
-        - name: AWS_SECRET_ACCESS_KEY
-          valueFrom:
-            secretKeyRef:
-              name: {{ $s3.existingSecret }}
-              key: {{ $s3.secretAccessKeyKey }}
+        # the keys as a file of the Secret's volume, never as values in the environment of
+        # ddp-launch, torchrun, every rank and the checkpoint writer
+        - name: AWS_SHARED_CREDENTIALS_FILE
+          value: /var/run/secrets/ddp-trainer/s3/credentials
         {{- end }}
         {{- if gt (int $t.gpusPerPod) 0 }}
         {{- include "ddp.ncclEnv" . | nindent 8 }}
@@ -180,6 +174,11 @@ spec:
         - name: checkpoints
           mountPath: /checkpoints
         {{- end }}
+        {{- if $s3.existingSecret }}
+        - name: s3-credentials
+          mountPath: /var/run/secrets/ddp-trainer/s3
+          readOnly: true
+        {{- end }}
   volumes:
     - name: config
       configMap:
@@ -209,6 +208,20 @@ spec:
       {{- else }}
       emptyDir: {}
       {{- end }}
+    {{- end }}
+    {{- if $s3.existingSecret }}
+    - name: s3-credentials
+      secret:
+        secretName: {{ $s3.existingSecret }}
+        # readable by the pod's group (fsGroup) only
+        defaultMode: 0440
+        # a Secret without the key starts the pod anyway: the trainer's probe of the location
+        # then says in one line which file is missing, where a missing key would leave the pod
+        # in ContainerCreating (pkg/volume/secret/secret.go, MakePayload)
+        optional: true
+        items:
+          - key: {{ $s3.credentialsKey | default "credentials" }}
+            path: credentials
     {{- end }}
 {{- end -}}
 
@@ -242,4 +255,20 @@ container's environment. */}}
 {{- $conf = append $conf (printf "%s=%v" $key $value) }}
 {{- end }}
 - {{ printf "--rdzv-conf=%s" (join "," $conf) | quote }}
+{{- end -}}
+
+{{/* What the pods' values may not say, each refused in one line: S3 keys as environment
+variables (the chart's former accessKeyIdKey and secretAccessKeyKey), and mode=fixed in a
+namespace that enforces the restricted Pod Security Standard, which would refuse the v1
+operator's init container. */}}
+{{- define "ddp.podChecks" -}}
+{{- $s3 := (include "ddp.checkpointValues" . | fromJson).s3 -}}
+{{- range $key := list "accessKeyIdKey" "secretAccessKeyKey" -}}
+{{- if hasKey $s3 $key -}}
+{{- fail (printf "checkpoint.s3.%s=%v: the pods no longer get S3 keys as environment variables, only as a credentials file: put one in the Secret (kubectl create secret generic %s --from-file=credentials=FILE, FILE holding [default] aws_access_key_id and aws_secret_access_key), drop accessKeyIdKey and secretAccessKeyKey, and set checkpoint.s3.credentialsKey if its key is not `credentials`" $key (get $s3 $key) (default "NAME" $s3.existingSecret)) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (eq .Values.podSecurityStandard "restricted") (eq .Values.mode "fixed") (eq .Values.jobKind "PyTorchJob") -}}
+{{- fail "mode=fixed with podSecurityStandard=restricted: the v1 operator gives fixed-mode workers an init container with no securityContext (init-pytorch), which the restricted standard refuses, and the chart cannot change it; use mode=elastic (the default), or jobKind=TrainJob" -}}
+{{- end -}}
 {{- end -}}

@@ -21,6 +21,7 @@ TRAINER_API, JOBSET_API = "trainer.kubeflow.org/v1alpha1", "jobset.x-k8s.io/v1al
 # every kind the chart renders: (apiVersion, kind) -> the API's plural, in the order a
 # release's objects are deleted (a TrainJob before the runtime it names)
 KINDS = {
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("v1", "ConfigMap"): "configmaps",
     ("kubeflow.org/v1", "PyTorchJob"): "pytorchjobs",
@@ -34,6 +35,9 @@ KINDS = {
 RUNTIME_CACHE_WAIT_S = 10.0
 RUNTIME_NOT_YET = "must be created before the TrainJob is created"
 RELEASE_LABEL = "app.kubernetes.io/instance"  # on every object the chart renders (ddp.labels)
+# and this one too, whatever nameOverride says: `delete` takes only the chart's objects of the
+# release, not another chart's that the same release name labels
+CHART_LABEL = "app.kubernetes.io/part-of=ddp-trainer"
 # what cannot change in place, by kind: an update is refused with "field is immutable"
 IMMUTABLE = {
     "TrainJob": "its trainer, runtimeRef and initializer cannot change (Trainer v2 makes them immutable)",
@@ -177,9 +181,9 @@ class Cluster:
         return ((found or {}).get("metadata", {}).get("annotations") or {}).get(key)
 
     def uninstall(self, release: str, namespace: str) -> list[str]:
-        """Delete every object of the chart's kinds labelled with `release`, as `helm
-        uninstall` does; the operator then deletes the job's pods. A kind whose CRD is not
-        installed has nothing to delete."""
+        """Delete every object of the chart's kinds labelled as the chart's and `release`'s,
+        as `helm uninstall` does; the operator then deletes the job's pods. A kind whose CRD
+        is not installed has nothing to delete."""
         deleted = []
         for (api_version, kind), plural in KINDS.items():
             path = collection_path(api_version, plural, namespace)
@@ -187,7 +191,7 @@ class Cluster:
                 found, _, _ = self._call(
                     f"list {kind} in {namespace}",
                     lambda path=path: self._request(
-                        "GET", path, query=[("labelSelector", f"{RELEASE_LABEL}={release}")]
+                        "GET", path, query=[("labelSelector", f"{RELEASE_LABEL}={release},{CHART_LABEL}")]
                     ),
                 )
             except MissingApiError:

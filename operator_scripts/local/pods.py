@@ -22,6 +22,7 @@ from operator_scripts.controllers.job_rules import rules_for
 from operator_scripts.controllers.pytorchjob_env import PodPlan
 from operator_scripts.controllers.pytorchjob_status import Phase, PodState
 from operator_scripts.local.kubelet_probe import ContainerProber
+from operator_scripts.local.network_policy import JobNetwork
 from operator_scripts.local.node_loss import NodeLoss
 
 
@@ -31,14 +32,15 @@ class LocalError(Exception):
 
 class PodRuntime(Protocol):
     """Where a pod's container runs. `check` holds what the run needs before any pod starts
-    and `release` lets it go; `launch` returns a process whose exit is the container's."""
+    (the pods' network with the job's policies among it) and says in a line what the pods
+    get; `release` lets it go; `launch` returns a process whose exit is the container's."""
 
     # whether container paths become the pod's folders (in the environment, the arguments and
     # the ConfigMap files), because the container shares this machine's file system
     localizes_paths: bool
 
     def address(self, index: int) -> str: ...
-    def check(self, pods: list[LocalPod], hosts: HostsTable) -> None: ...
+    def check(self, pods: list[LocalPod], hosts: HostsTable, job: JobNetwork) -> str: ...
     def release(self) -> None: ...
     def command(self, pod: LocalPod) -> list[str]: ...
     def launch(self, pod: LocalPod, hosts: HostsTable, log: TextIO) -> subprocess.Popen: ...
@@ -110,20 +112,49 @@ class LocalPod:
         return self.folder / f"{self.plan.container_name}.log"
 
     @property
+    def labels(self) -> dict[str, str]:
+        """The pod's labels: its template's, then what its controller adds."""
+        return {**(self.plan.template.get("metadata", {}).get("labels") or {}), **self.plan.labels}
+
+    @property
+    def container_ports(self) -> dict[str, tuple[int, str]]:
+        """The trainer container's named ports, as a NetworkPolicy's named ports find them."""
+        ports = self.plan.container.get("ports", [])
+        return {p["name"]: (int(p["containerPort"]), p.get("protocol", "TCP")) for p in ports if "name" in p}
+
+    @property
     def state(self) -> PodState:
         return PodState(self.name, self.plan.replica_type, self.phase, self.restarts)
 
 
+@dataclass(frozen=True)
+class ClusterObjects:
+    """What the pods' volumes and variables read from the cluster: the rendered ConfigMaps,
+    and the Secrets the cluster would hold, each a folder whose files are its keys (as
+    `kubectl create secret generic NAME --from-file=FOLDER` reads one)."""
+
+    config_maps: dict[str, dict[str, Any]]
+    secrets: dict[str, Path]
+
+    def secret(self, name: str) -> dict[str, bytes] | None:
+        folder = self.secrets.get(name)
+        if folder is None:
+            return None
+        return {entry.name: entry.read_bytes() for entry in sorted(folder.iterdir()) if entry.is_file()}
+
+
 def _mounts(
-    plan: PodPlan, folder: Path, config_maps: dict[str, dict], shared: Path, localize: bool
+    plan: PodPlan, folder: Path, cluster: ClusterObjects, shared: Path, localize: bool
 ) -> tuple[dict[str, Path], list[Path]]:
-    """mountPath -> local folder for each volume of the pod (ConfigMaps written out, with
-    their mount paths localized when asked), and the folders that are emptyDirs, which are
+    """mountPath -> local folder for each volume of the pod (ConfigMaps and Secrets written
+    out, ConfigMap paths localized when asked), and the folders that are emptyDirs, which are
     world-writable as the kubelet makes them (a non-root container writes there)."""
-    volumes = {volume["name"]: volume for volume in plan.template["spec"].get("volumes", [])}
+    spec = plan.template["spec"]
+    volumes = {volume["name"]: volume for volume in spec.get("volumes", [])}
+    fs_group = (spec.get("securityContext") or {}).get("fsGroup")
     mapped: dict[str, Path] = {}
     empty_dirs: list[Path] = []
-    config_mounts: list[tuple[Path, dict]] = []
+    projections: list[tuple[Path, dict[str, str | bytes], bool, int]] = []
     for mount in plan.container.get("volumeMounts", []):
         volume = volumes[mount["name"]]
         if "persistentVolumeClaim" in volume:
@@ -133,35 +164,61 @@ def _mounts(
             if "emptyDir" in volume:
                 empty_dirs.append(target)
         target.mkdir(parents=True, exist_ok=True)
-        if "configMap" not in volume:
-            target.chmod(0o777)
         mapped[mount["mountPath"]] = target
         if "configMap" in volume:
-            config_mounts.append((target, volume["configMap"]))
-    for target, source in config_mounts:
-        for path, content in _projected(source, config_maps[source["name"]]).items():
+            source = volume["configMap"]
+            contents = _config_map_contents(cluster.config_maps.get(source["name"]))
+            files = _projected(source, contents, "configmap")
+            projections.append((target, files, localize, source.get("defaultMode", 0o644)))
+        elif "secret" in volume:
+            files = _projected(volume["secret"], cluster.secret(volume["secret"]["secretName"]), "secret")
+            projections.append((target, files, False, volume["secret"].get("defaultMode", 0o644)))
+        else:
+            target.chmod(0o777)
+    for target, files, localized, mode in projections:
+        for path, content in files.items():
             (target / path).parent.mkdir(parents=True, exist_ok=True)
-            if isinstance(content, str) and localize and path.endswith((".yaml", ".yml")):
+            if isinstance(content, str) and localized and path.endswith((".yaml", ".yml")):
                 content = _localize_document(content, mapped)
-            (target / path).write_bytes(content.encode() if isinstance(content, str) else content)
+            written = target / path
+            written.write_bytes(content.encode() if isinstance(content, str) else content)
+            written.chmod(mode)
+            if fs_group is not None and os.geteuid() == 0:  # the kubelet gives the files to fsGroup
+                os.chown(written, -1, int(fs_group))
     return mapped, empty_dirs
 
 
-def _projected(source: dict[str, Any], config_map: dict[str, Any]) -> dict[str, str | bytes]:
-    """A ConfigMap volume's files as the kubelet projects them: every key under its own name,
-    or with `items` only those keys, each at its `path`; a key the ConfigMap lacks keeps the
-    pod from starting (pkg/volume/configmap/configmap.go, MakePayload: "references
-    non-existent config key")."""
+def _config_map_contents(config_map: dict[str, Any] | None) -> dict[str, str | bytes] | None:
+    if config_map is None:
+        return None
     contents: dict[str, str | bytes] = dict(config_map.get("data") or {})
     for key, encoded in (config_map.get("binaryData") or {}).items():
         contents[key] = base64.b64decode(encoded)
+    return contents
+
+
+def _projected(
+    source: dict[str, Any], contents: dict[str, str | bytes] | None, kind: str
+) -> dict[str, str | bytes]:
+    """A ConfigMap's or Secret's volume files as the kubelet projects them: every key under
+    its own name, or with `items` only those keys, each at its `path`. A missing object or key
+    keeps the pod from starting, unless the volume is `optional`, which skips it
+    (pkg/volume/configmap/configmap.go and pkg/volume/secret/secret.go, MakePayload)."""
+    name = source.get("name") or source.get("secretName")
+    optional = bool(source.get("optional"))
+    if contents is None:
+        if optional:
+            return {}
+        given = " (give it: ddp-ops local --secret NAME=FOLDER, a file per key)" if kind == "secret" else ""
+        raise LocalError(f"{kind} {name} not found{given}")
     if "items" not in source:
         return contents
     projected = {}
     for item in source["items"]:
-        if item["key"] not in contents:
-            raise LocalError(f"configmap {source['name']} references non-existent config key: {item['key']}")
-        projected[item["path"]] = contents[item["key"]]
+        if item["key"] in contents:
+            projected[item["path"]] = contents[item["key"]]
+        elif not optional:
+            raise LocalError(f"{kind} {name} references non-existent {kind[:6]} key: {item['key']}")
     return projected
 
 
@@ -193,23 +250,31 @@ def _localize_document(text: str, mounts: dict[str, Path]) -> str:
     return yaml.safe_dump(walk(tree), sort_keys=False)
 
 
-def _container_env(container: dict[str, Any], host_env: dict[str, str]) -> dict[str, str]:
+def _container_env(
+    container: dict[str, Any], host_env: dict[str, str], cluster: ClusterObjects
+) -> dict[str, str]:
+    """The container's own variables: values, and `secretKeyRef`s from the Secret given to
+    the run, else from this process's variable named as the key."""
     env = {}
     for variable in container.get("env", []):
         if "value" in variable:
             env[variable["name"]] = str(variable["value"])
         elif "secretKeyRef" in variable.get("valueFrom", {}):
-            key = variable["valueFrom"]["secretKeyRef"]["key"]
-            if key in host_env:
-                env[variable["name"]] = host_env[key]
+            reference = variable["valueFrom"]["secretKeyRef"]
+            secret = cluster.secret(reference["name"])
+            if secret is not None and reference["key"] in secret:
+                env[variable["name"]] = secret[reference["key"]].decode()
+            elif reference["key"] in host_env:
+                env[variable["name"]] = host_env[reference["key"]]
     return env
 
 
 def _host_env(host_env: dict[str, str] | None) -> dict[str, str]:
     """What a pod inherits from this machine: the interpreter's environment (a container's
-    image environment), less any torchrun or operator variables of an enclosing run."""
+    image environment), less any torchrun or operator variables of an enclosing run and any
+    AWS setting: a pod's endpoint, region and credentials come from its manifest alone."""
     env = dict(os.environ if host_env is None else host_env)
-    return {key: value for key, value in env.items() if not key.startswith(("PET_", "TORCHELASTIC_"))}
+    return {key: value for key, value in env.items() if not key.startswith(("PET_", "TORCHELASTIC_", "AWS_"))}
 
 
 def expand(text: str, env: dict[str, str]) -> str:
@@ -231,19 +296,22 @@ def prepare(
     runtime: PodRuntime,
     host_env: dict[str, str] | None = None,
     plans: list[PodPlan] | None = None,
+    secrets: dict[str, Path] | None = None,
 ) -> list[LocalPod]:
     """Local pods for the rendered objects (one job, its runtime and its ConfigMaps): the
     container's command and environment (with the controller's variables) as the manifest
     has them, and, for a process, as this machine runs them. `plans`: the job's pods, if
-    its rules (`job_rules`) have already planned them."""
+    its rules (`job_rules`) have already planned them; `secrets`: the Secrets the cluster
+    holds, by name, each a folder of its keys."""
     inherited = _host_env(host_env)
     config_maps = {item["metadata"]["name"]: item for item in objects if item.get("kind") == "ConfigMap"}
+    cluster = ClusterObjects(config_maps, dict(secrets or {}))
     pods = []
     for index, plan in enumerate(rules_for(objects).plans() if plans is None else plans):
         folder = workdir / plan.name
-        mounts, empty_dirs = _mounts(plan, folder, config_maps, workdir, runtime.localizes_paths)
+        mounts, empty_dirs = _mounts(plan, folder, cluster, workdir, runtime.localizes_paths)
         container = plan.container
-        env = {**_container_env(container, inherited), **plan.env}
+        env = {**_container_env(container, inherited, cluster), **plan.env}
         argv = [expand(arg, env) for arg in [*container.get("command", []), *container.get("args", [])]]
         if runtime.localizes_paths:  # the process inherits this machine's environment, as an image's
             env = {key: _localize(value, mounts) for key, value in {**inherited, **env}.items()}

@@ -11,18 +11,24 @@ pod's user, capabilities and read-only root (`runtimes.docker.DockerRuntime`). T
 and kubelet model is the same for both.
 
 Process stand-ins, since there are no pods:
-- a pod's network namespace is a loopback address (127.0.0.2, .3, ...), so one such run
-  at a time on a host (`runtimes.process.claim_host_ports`); each pod runs in a
-  UTS and mount namespace of its own (`unshare`) whose host name is the pod's name and
-  whose /etc/hosts is the job's table of running pods (`runtimes.sandbox`), so that a pod's
-  name resolves exactly while its process runs, as a headless Service's does while its pod
-  is Ready (common/service.go:229-244: no publishNotReadyAddresses);
-- the trainer gets `--set metrics.address=<address>`, so that every pod can serve its port;
+- as root, a pod's network namespace is its own, on the job's pod network (10.213.0.0/24 by
+  default: this machine .1, the pods .2, .3, ...), where the job's NetworkPolicy holds as a
+  CNI enforces it (`pod_network`, `network_policy`); without root it is a loopback address
+  (127.0.0.2, .3, ...) on this host's network, one such run at a time
+  (`runtimes.process.claim_host_ports`), the policy not enforced, and the trainer gets
+  `--set metrics.address=<address>` so that every pod can serve its port;
+- each pod runs in a UTS and mount namespace of its own (`unshare`) whose host name is the
+  pod's name and whose /etc/hosts is the job's table of running pods (`runtimes.sandbox`),
+  so that a pod's name resolves exactly while its process runs, as a headless Service's does
+  while its pod is Ready (common/service.go:229-244: no publishNotReadyAddresses);
 - every volume is a folder under `workdir/<pod>/volumes`, a PVC one under `workdir/pvc`,
   and paths under mount points are rewritten to them in the environment, the arguments
   and the ConfigMap files, so a run writes nothing outside `workdir`; emptyDirs survive a
   container restart and are emptied when the operator re-creates a pod, as on a node;
-- `secretKeyRef` values are read from this process's environment variable of that key;
+- the Secrets a pod reads are folders given to the run (`--secret NAME=FOLDER`), a file per
+  key: a Secret volume is written out as the kubelet projects it (its items, mode and fsGroup),
+  and a `secretKeyRef` is read from there, else from this process's variable of that key; the
+  pods inherit no AWS_* variable of this process;
 - the Master's `init-pytorch` container is not run.
 """
 
@@ -41,6 +47,7 @@ from typing import Any
 from operator_scripts.controllers.job_rules import rules_for
 from operator_scripts.controllers.pytorchjob_status import JobCondition
 from operator_scripts.local.kubelet import advance_pod, kill_pod, lose_node, stop_pod
+from operator_scripts.local.network_policy import JobNetwork
 from operator_scripts.local.node_loss import (
     NODE_MONITOR_GRACE_S,
     NodeLossPlan,
@@ -120,20 +127,22 @@ def run(
     notify: Callable[[str], None] = lambda line: print(f"local: {line}", file=sys.stderr, flush=True),
     on_tick: Callable[[list[LocalPod]], None] | None = None,
     host_env: dict[str, str] | None = None,
+    secrets: dict[str, Path] | None = None,
     runtime: PodRuntime | None = None,
     node_losses: list[NodeLossPlan] = (),
     node_grace_s: float = NODE_MONITOR_GRACE_S,
 ) -> LocalOutcome:
     """Run the job until its controller would call it finished, apply the clean-up it does
     then, stop whatever still runs, and report. Each of `node_losses` freezes a pod's node
-    at its time (node_loss), with `node_grace_s` as the node controller's grace period."""
+    at its time (node_loss), with `node_grace_s` as the node controller's grace period;
+    `secrets` are the Secrets the cluster would hold, each a folder of its keys."""
     try:
         rules = rules_for(objects)
     except ValueError as error:
         raise LocalError(str(error)) from None
     workdir.mkdir(parents=True, exist_ok=True)
     runtime = runtime or ProcessRuntime()
-    pods = prepare(objects, workdir, runtime, host_env, plans=rules.plans())
+    pods = prepare(objects, workdir, runtime, host_env, plans=rules.plans(), secrets=secrets)
     start_delays = resolve_delays(rules.name, pods, delays or {})
     losses = [
         dataclasses.replace(plan, pod=resolve_pod(rules.name, pods, "--freeze-node", plan.pod, plan.at_s))
@@ -146,7 +155,7 @@ def run(
     condition = JobCondition("Running")
     deleted: list[str] = []
     kept: list[str] = []
-    runtime.check(pods, hosts)
+    notify(runtime.check(pods, hosts, JobNetwork.of(objects)))
     try:
         if stream is not None:
             follower = threading.Thread(target=_follow, args=(rank0.log_path, stream, stop), daemon=True)

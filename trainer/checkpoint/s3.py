@@ -17,7 +17,7 @@ from typing import BinaryIO
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
-from trainer.aws import error_code, s3_client
+from trainer.aws import error_code, missing_credentials, s3_client
 from trainer.checkpoint.store import CheckpointStore, StaleWrite
 from trainer.config import ConfigError
 
@@ -56,9 +56,7 @@ class S3Store(CheckpointStore):
             self.client.put_object(Bucket=self.bucket, Key=probe, Body=b"", **self.checksum)
             self.client.delete_object(Bucket=self.bucket, Key=probe)
         except NoCredentialsError:
-            raise ConfigError(
-                "checkpoint.uri", self.uri, "no AWS credentials found (keys, profile or web identity)"
-            ) from None
+            raise ConfigError("checkpoint.uri", self.uri, missing_credentials()) from None
         except EndpointConnectionError as error:
             raise ConfigError("checkpoint.uri", self.uri, f"cannot reach the S3 endpoint ({error})") from None
         except ClientError as error:

@@ -184,9 +184,9 @@ def _train_in_group(
 
 
 def run_info(config: Config, context: DistContext) -> dict[str, str]:
-    """Labels of `ddp_run_info`: what ran, where, with what."""
+    """Labels of `ddp_run_info`: what ran, where, with what. Not the rendezvous id: whoever
+    reads the metrics would learn the key of torchrun's state in the rendezvous store."""
     return {
-        "run_id": context.run_id,
         "model": config.model.name,
         "dataset": config.data.name,
         "world_size": str(context.world_size),

@@ -7,24 +7,32 @@ them), the user and groups, a read-only root, dropped capabilities, no privilege
 escalation, and the memory and CPU limits. What stands in for the cluster:
 - the pod network is one `--internal` Docker network with no route out (nothing leaves
   the machine); this machine is its gateway, where a test's S3 (moto) listens;
-- each container's host name is its pod's, and its /etc/hosts the job's table of running
-  pods, bound read-only, with `hosts: files`: a pod's name resolves only while its
-  container runs, as a headless Service's does while its pod is Ready;
-- a restart is a new container of the same pod (its volumes kept), so `docker logs POD`
-  is the current container's log, as `kubectl logs` is.
-Values from `secretKeyRef` come from this process's environment and reach the container by
-name only (`docker create --env NAME`), never on a command line.
+- each pod's network namespace is held by a sandbox container (`sleep`, as the kubelet's
+  pause container holds a pod's), made before the pod's first container, which joins it
+  (`--network container:`); as root, the job's NetworkPolicy is enforced in it before any of
+  the pod's processes starts (`network_policy`, as for the process runtime);
+- each pod's host name is its pod's (the sandbox's, which a joining container takes), and
+  its /etc/hosts the job's table of running pods, bound read-only, with `hosts: files`: a
+  pod's name resolves only while its container runs, as a headless Service's does while its
+  pod is Ready;
+- a restart is a new container of the same pod (its volumes and sandbox kept), so `docker
+  logs POD` is the current container's log, as `kubectl logs` is.
+Values from `secretKeyRef` reach the container by name only (`docker create --env NAME`),
+never on a command line; a Secret volume is a folder bound read-only.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import subprocess
 from typing import Any, TextIO
 
 from kubernetes.utils import parse_quantity
 
 from operator_scripts.image.engine import Engine
+from operator_scripts.local.network_policy import Endpoint, JobNetwork, ruleset
+from operator_scripts.local.pod_network import apply_ruleset
 from operator_scripts.local.pods import HostsTable, LocalError, LocalPod
 from trainer.lines import last_line
 
@@ -118,11 +126,43 @@ class DockerRuntime:
     def address(self, index: int) -> str:
         return str(self.subnet.network_address + 2 + index)
 
-    def check(self, pods: list[LocalPod], hosts: HostsTable) -> None:
-        """Every pod's image is in the engine (nothing is pulled: the pods have no route out)."""
+    def check(self, pods: list[LocalPod], hosts: HostsTable, job: JobNetwork) -> str:
+        """Every pod's image is in the engine (nothing is pulled: the pods have no route out),
+        and every pod's sandbox runs, the job's policy held in it where this process may."""
         for image in sorted({pod.plan.container["image"] for pod in pods}):
             if self.engine.run("image", "inspect", image, check=False).returncode != 0:
                 raise LocalError(f"image {image} is not in the Docker engine: build it with `make image`")
+        for pod in pods:
+            self._start_sandbox(pod)
+        where = f"pods on {self.subnet}, this machine {self.gateway} there"
+        if os.geteuid() != 0:
+            return f"{where}; the job's NetworkPolicy is not enforced (that needs root, in each sandbox)"
+        endpoints = [Endpoint(p.name, job.namespace, p.labels, p.address, p.container_ports) for p in pods]
+        for endpoint in endpoints:
+            table = ruleset(endpoint, job.policies, endpoints, self.gateway)
+            apply_ruleset(f"/proc/{self._sandbox_pid(endpoint.name)}/ns/net", table)
+        return f"{where}; NetworkPolicy {'held' if job.policies else 'none rendered'}"
+
+    def _sandbox(self, pod_name: str) -> str:
+        return f"{pod_name}-sandbox"
+
+    def _start_sandbox(self, pod: LocalPod) -> None:
+        """The container that holds the pod's network namespace: the pod's host name and
+        address, the image's `sleep`, as the pod's user with nothing else allowed."""
+        container, spec = pod.plan.container, pod.plan.template["spec"]
+        created = self.engine.run(
+            "run", "--detach", "--name", self._sandbox(pod.name), "--hostname", pod.name,
+            "--label", f"ddp-ops-local={self.network}", "--network", self.network, "--ip", pod.address,
+            *security_options(spec, container), "--entrypoint", "sleep", container["image"], "infinity",
+            check=False,
+        )  # fmt: skip
+        if created.returncode != 0:
+            reason = last_line(created.stderr, "no output")
+            raise LocalError(f"cannot start the sandbox of pod {pod.name}: {reason}")
+
+    def _sandbox_pid(self, pod_name: str) -> int:
+        found = self.engine.run("inspect", "--format", "{{.State.Pid}}", self._sandbox(pod_name))
+        return int(found.stdout.strip())
 
     def release(self) -> None:
         """Nothing: the job's network and containers go when its context ends."""
@@ -135,8 +175,8 @@ class DockerRuntime:
         """`docker create` for the pod's container, as the manifest describes it."""
         container, spec = pod.plan.container, pod.plan.template["spec"]
         options = [
-            "create", "--name", pod.name, "--hostname", pod.name, "--label", f"ddp-ops-local={self.network}",
-            "--network", self.network, "--ip", pod.address,
+            "create", "--name", pod.name, "--label", f"ddp-ops-local={self.network}",
+            "--network", f"container:{self._sandbox(pod.name)}",
             "--mount", f"type=bind,source={hosts.path},target=/etc/hosts,readonly",
             "--mount", f"type=bind,source={hosts.nsswitch},target=/etc/nsswitch.conf,readonly",
         ]  # fmt: skip

@@ -1,6 +1,8 @@
-"""`ddp-ops local`'s default runtime: each pod a process tree on a loopback address, in UTS
-and mount namespaces of its own (`unshare`, then `sandbox`), whose host name is the pod's
-name and whose /etc/hosts is the job's table of running pods."""
+"""`ddp-ops local`'s default runtime: each pod a process tree in UTS and mount namespaces of
+its own (`unshare`, then `sandbox`), whose host name is the pod's name and whose /etc/hosts
+is the job's table of running pods. As root, each pod also has a network namespace of its
+own on the job's pod network, where the job's NetworkPolicy holds (`pod_network`); without
+root the pods share this host's network on loopback addresses, and nothing is enforced."""
 
 from __future__ import annotations
 
@@ -13,6 +15,13 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from operator_scripts.local.network_policy import JobNetwork
+from operator_scripts.local.pod_network import (
+    DEFAULT_POD_SUBNET,
+    Attachment,
+    PodNetwork,
+    pod_networks_available,
+)
 from operator_scripts.local.pods import HostsTable, LocalError, LocalPod
 from trainer.launcher.process_tree import signal_tree
 from trainer.lines import last_line
@@ -37,7 +46,7 @@ def sandbox_command(hostname: str, hosts: HostsTable, shm: Path | None = None) -
 
 
 def claim_host_ports() -> socket.socket:
-    """Pods of this runtime share the host's network, and the rendezvous store listens on
+    """Pods on loopback addresses share the host's network, and the rendezvous store listens on
     every address (a TrainJob's on 29500, trainjob_env.MASTER_PORT), so two runs at once
     would join each other's rendezvous: the second is refused before any pod starts."""
     claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -53,40 +62,69 @@ def claim_host_ports() -> socket.socket:
 
 
 class ProcessRuntime:
-    """Each pod a process tree in namespaces of its own, on a loopback address; one run on
-    the host at a time (`claim_host_ports`)."""
+    """Each pod a process tree in namespaces of its own: as root on the job's pod network
+    (`network`), else on a loopback address with one run on the host at a time
+    (`claim_host_ports`)."""
 
     localizes_paths = True
 
-    def __init__(self) -> None:
+    def __init__(self, subnet: str = DEFAULT_POD_SUBNET, isolate: bool | None = None) -> None:
+        isolate = pod_networks_available() if isolate is None else isolate
+        self.network = PodNetwork(subnet) if isolate else None
         self._claim: socket.socket | None = None
 
     def address(self, index: int) -> str:
-        return f"127.0.0.{index + 2}"
+        return self.network.address(index) if self.network else f"127.0.0.{index + 2}"
 
-    def check(self, pods: list[LocalPod], hosts: HostsTable) -> None:
+    def check(self, pods: list[LocalPod], hosts: HostsTable, job: JobNetwork) -> str:
         check_sandbox(hosts)
-        self._claim = claim_host_ports()
+        if self.network is None:
+            self._claim = claim_host_ports()
+            return (
+                "not root: the pods share this host's network on loopback addresses and the job's "
+                "NetworkPolicy is not enforced (as root each pod gets a network namespace, the policy held)"
+            )
+        try:
+            self.network.open()
+            for pod in pods:
+                self.network.attach(pod.name, job.namespace, pod.labels, pod.address, pod.container_ports)
+            self.network.enforce(job.policies)
+        except BaseException:
+            self.network.close()
+            raise
+        held = "held" if job.policies else "none rendered"
+        network = self.network
+        return f"pods on {network.subnet}, this machine {network.gateway} there; NetworkPolicy {held}"
 
     def release(self) -> None:
+        if self.network is not None:
+            self.network.close()
         if self._claim is not None:
             self._claim.close()
             self._claim = None
 
+    def _attachment(self, pod: LocalPod) -> Attachment | None:
+        return self.network.attached[pod.name] if self.network else None
+
     def command(self, pod: LocalPod) -> list[str]:
-        """The image's console scripts are this interpreter's; metrics and ddp-launch's
-        /healthz serve on the pod's address (pods share this host's network)."""
+        """The image's console scripts are this interpreter's; on loopback, metrics and
+        ddp-launch's /healthz serve on the pod's address (the pods share the host's network)."""
         argv = list(pod.command)
-        if argv[0] == "ddp-launch":
+        if argv[0] == "ddp-launch" and self.network is None:
             argv = [argv[0], "--health-address", pod.address, *argv[1:]]
         if argv[0] in CONSOLE_SCRIPTS:
             argv = [sys.executable, "-m", CONSOLE_SCRIPTS[argv[0]], *argv[1:]]
-        return [*argv, "--set", f"metrics.address={pod.address}"]
+        return argv if self.network else [*argv, "--set", f"metrics.address={pod.address}"]
 
     def launch(self, pod: LocalPod, hosts: HostsTable, log: TextIO) -> subprocess.Popen:
         cwd = pod.env.get("HOME") if Path(pod.env.get("HOME", "")).is_dir() else pod.folder
+        attachment = self._attachment(pod)
         return subprocess.Popen(
-            [*sandbox_command(pod.name, hosts, pod.mounts.get("/dev/shm")), *pod.command],
+            [
+                *(attachment.prefix if attachment else []),
+                *sandbox_command(pod.name, hosts, pod.mounts.get("/dev/shm")),
+                *pod.command,
+            ],
             env=pod.env,
             cwd=cwd,
             stdout=log,
