@@ -72,7 +72,9 @@ def test_pytorchjob_round_trips_through_the_kubeflow_sdk_model(path):
 def test_builtin_objects_and_pod_templates_pass_kubernetes_validate_strictly(path):
     rendered = scenario(path)
     builtin = [
-        o for o in rendered.objects if o["apiVersion"] in {"v1", "apps/v1", "rbac.authorization.k8s.io/v1"}
+        o
+        for o in rendered.objects
+        if o["apiVersion"] in {"v1", "apps/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1"}
     ]
     assert builtin
     for item in builtin:

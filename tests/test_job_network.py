@@ -196,3 +196,21 @@ def test_a_secret_volume_is_written_as_the_kubelet_projects_it(tmp_path):
         volume.get("secret", {}).pop("optional", None)
     with pytest.raises(LocalError, match=f"secret {S3_SECRET} not found \\(give it: ddp-ops local --secret"):
         prepare(objects, tmp_path / "again", ProcessRuntime(isolate=False), host_env={})
+
+
+def test_an_s3_endpoint_on_loopback_is_refused_before_any_pod_starts_naming_the_address_to_give(tmp_path):
+    """Each pod's loopback is its own on the pod network: a store on this machine's 127.0.0.1
+    would be unreachable from every pod, and the trainer would fail at its probe, pod by pod."""
+    from operator_scripts.local.pods import LocalError, prepare
+    from operator_scripts.local.runtimes.process import check_reachable_endpoints
+
+    values = merge_values(
+        files=[CPU_VALUES], sets=["checkpoint.s3.bucket=b,checkpoint.s3.endpoint=http://127.0.0.1:9555"]
+    )
+    pods = prepare(render(values).objects, tmp_path, ProcessRuntime(isolate=False), host_env={})
+    with pytest.raises(
+        LocalError, match=r"AWS_ENDPOINT_URL_S3=http://127.0.0.1:9555: .* give http://10.9.0.1:9555"
+    ):
+        check_reachable_endpoints(pods, "10.9.0.1")
+    check_reachable_endpoints(prepare(render(merge_values(files=[CPU_VALUES])).objects, tmp_path / "b",
+                                      ProcessRuntime(isolate=False), host_env={}), "10.9.0.1")  # fmt: skip

@@ -29,10 +29,11 @@ from operator_scripts.chart.render import merge_values, render
 from operator_scripts.controllers.pytorchjob_env import injected_env, plan_pods, rank0_selector
 from operator_scripts.image.engine import Engine
 from operator_scripts.local.kubelet import kill_pod
+from operator_scripts.local.pod_network import PodNetwork, pod_networks_available
 from operator_scripts.local.pods import HostsTable, LocalError, prepare
 from operator_scripts.local.run import run
 from operator_scripts.local.runtimes.docker import DockerRuntime
-from operator_scripts.local.runtimes.process import claim_host_ports
+from operator_scripts.local.runtimes.process import ProcessRuntime, claim_host_ports
 
 KINDS = ["PyTorchJob", "TrainJob"]
 DONE = {"PyTorchJob": "Succeeded", "TrainJob": "Complete"}  # the condition each kind shows
@@ -336,8 +337,9 @@ def test_a_job_that_keeps_failing_ends_after_exactly_its_backoff_limit(tmp_path,
 
 @pytest.mark.slow
 def test_master_and_worker_mode_runs_locally(tmp_path):
-    """Once no other local run holds the host's ports: while one does, this run is refused
-    in one line before any pod starts."""
+    """Once no other local run holds what it needs: the host's ports for pods on loopback, the
+    pod network's subnet for pods with networks of their own (as root). While another run
+    holds it, this run is refused in one line before any pod starts."""
     values = merge_values(
         files=[CPU_VALUES], sets=[f"mode=fixed,metrics.port={free_port()},trainer.config.train.max_steps=15"]
     )
@@ -347,7 +349,20 @@ def test_master_and_worker_mode_runs_locally(tmp_path):
         closing(claim_host_ports()),
         pytest.raises(LocalError, match="another `ddp-ops local` run on this host"),
     ):
-        run(rendered.objects, tmp_path / "refused", host_env=process_env())
+        run(
+            rendered.objects,
+            tmp_path / "refused",
+            host_env=process_env(),
+            runtime=ProcessRuntime(isolate=False),
+        )
+    if pod_networks_available():
+        held = PodNetwork()
+        held.open()
+        try:
+            with pytest.raises(LocalError, match=r"--pod-subnet 10.213.0.0/24 overlaps .*: give another"):
+                run(rendered.objects, tmp_path / "refused", host_env=process_env())
+        finally:
+            held.close()
     assert not list((tmp_path / "refused").glob("*/*.log")), "a pod started"
     lines: list[str] = []
     outcome = run(

@@ -206,6 +206,7 @@ def test_a_policy_turned_off_says_what_is_then_reachable_and_restricted_takes_el
     assert not rendered("networkPolicy.enabled=false").of_kind("NetworkPolicy")
     assert "every pod in the cluster can reach this job's pods: the\nrendezvous store on port 23456" in notes
     assert "networkPolicy.enabled=false" not in rendered().notes
+    assert '"kubernetes.io/metadata.name":"monitoring"' in rendered().notes  # whom it lets scrape
     assert "init container (init-pytorch)" in rendered("mode=fixed,gpus=16").notes
     for sets in (
         "podSecurityStandard=restricted",

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import TextIO
+from urllib.parse import urlparse
 
 from operator_scripts.local.network_policy import JobNetwork
 from operator_scripts.local.pod_network import (
@@ -84,6 +85,7 @@ class ProcessRuntime:
                 "not root: the pods share this host's network on loopback addresses and the job's "
                 "NetworkPolicy is not enforced (as root each pod gets a network namespace, the policy held)"
             )
+        check_reachable_endpoints(pods, self.network.gateway)
         try:
             self.network.open()
             for pod in pods:
@@ -140,6 +142,21 @@ class ProcessRuntime:
 
     def thaw(self, pod: LocalPod) -> None:
         signal_tree(pod.process.pid, signal.SIGCONT)
+
+
+def check_reachable_endpoints(pods: list[LocalPod], gateway: str) -> None:
+    """An S3 endpoint on loopback would be each pod's own loopback once pods have networks of
+    their own: refused before any pod starts, with the address that reaches this machine."""
+    for pod in pods:
+        for key in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+            url = urlparse(pod.env.get(key, ""))
+            if url.hostname and (url.hostname == "localhost" or url.hostname.startswith("127.")):
+                port = f":{url.port}" if url.port else ""
+                raise LocalError(
+                    f"{key}={pod.env[key]}: each pod has a network of its own here, so loopback is its "
+                    f"own; serve the store on this machine's pod-network address and give "
+                    f"{url.scheme}://{gateway}{port} (checkpoint.s3.endpoint)"
+                )
 
 
 def check_sandbox(hosts: HostsTable) -> None:
