@@ -102,7 +102,7 @@ def test_gpu_benchmark_reduced_mode_reports_tokens_mfu_and_memory():
     assert lines[0] == "device: cpu x 2, bf16 autocast" and lines[3] == f"MFU: {result['mfu']:.1%}"
 
 
-def progress_record(step: int, **ms: float) -> dict:
+def progress_record(step: int, time: float, **ms: float) -> dict:
     parts = {
         "data_ms": 1.0,
         "compute_ms": 10.0,
@@ -111,19 +111,19 @@ def progress_record(step: int, **ms: float) -> dict:
         "logging_ms": 0.5,
     }
     parts.update(ms)
-    return {"step": step, "step_ms": sum(parts.values()), **parts}
+    return {"step": step, "time": time, "step_ms": sum(parts.values()), **parts}
 
 
-def test_gpu_check_flags_a_split_that_does_not_add_up_or_shows_no_communication():
-    good = progress_record(10)
-    assert split_problems([good], world_size=2) == []
-    unbalanced = {**progress_record(20), "step_ms": 20.0}
-    silent = progress_record(30, communication_ms=0.0)
-    problems = split_problems([good, unbalanced, silent], world_size=2)
-    assert problems == [
-        "step 20: parts 13.500 ms, step 20.000 ms",
-        "step 30: no communication time at 2 ranks",
-    ]
+def test_gpu_check_flags_steps_timed_past_the_wall_clock_or_no_communication():
+    """Steps of 13.5 ms, 10 per 0.2 s between lines, fit the wall clock; said to take 45 ms
+    each in one window they do not (the windows summed: 585 ms timed in 400 ms); a line with
+    no communication at 2 ranks is a problem."""
+    good = [progress_record(10, 100.0), progress_record(20, 100.2), progress_record(30, 100.4)]
+    assert split_problems(good, world_size=2) == []
+    overstated = [good[0], good[1], {**good[2], "step_ms": 45.0}]
+    assert split_problems(overstated, world_size=2) == ["steps 10-30: timed 585.0 ms in 400.0 ms"]
+    silent = progress_record(40, 100.6, communication_ms=0.0)
+    assert split_problems([*good, silent], world_size=2) == ["step 40: no communication time at 2 ranks"]
     assert split_problems([silent], world_size=1) == []  # one GPU has nothing to communicate
 
 

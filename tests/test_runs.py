@@ -28,6 +28,7 @@ from conftest import (
 )
 from eval_worker import datasets_and_models
 
+from benchmarks.gpu_check import split_problems
 from trainer.telemetry.timing import PARTS
 
 QUICK = ["--config", "digits", "--set", "log.every_steps=5"]
@@ -147,8 +148,9 @@ def test_json_log_lines(workdir):
 @pytest.mark.slow
 def test_progress_lines_split_the_step_and_report_mfu_and_memory(workdir):
     """Two ranks of the transformer with a stated peak: each progress line's parts are
-    non-negative and add up to its step, MFU is the declared FLOPs over the peak, and the
-    peak memory is the process's own. (Tests run on the CPU: conftest hides any GPU.)"""
+    non-negative, the steps it timed fit in the wall-clock time since the line before, MFU is
+    the declared FLOPs over the peak, and the peak memory is the process's own. (Tests run on
+    the CPU: conftest hides any GPU.)"""
     peak = 1e11
     completed = subprocess.run(
         torchrun_command(
@@ -163,10 +165,12 @@ def test_progress_lines_split_the_step_and_report_mfu_and_memory(workdir):
     assert start["amp"] == "bf16" and start["device_name"] == "cpu" and start["flops_per_sample"] > 0
     lines = [document for document in documents if document["event"] == "progress"]
     assert [line["step"] for line in lines] == [10, 20, 30]
+    # the steps, as timed, happened between the lines on the wall clock (summed: each rank's
+    # windows have edges of their own; benchmarks.gpu_check's split_problems, which says why)
+    assert split_problems(lines, world_size=2) == []
     for line in lines:
         parts = [line[f"{name}_ms"] for name in PARTS]
         assert min(parts) >= 0 and line["compute_ms"] > 0
-        assert sum(parts) == pytest.approx(line["step_ms"], abs=1e-3)
         expected = start["flops_per_sample"] * line["samples_per_second"] / (peak * 2)
         assert math.isclose(line["mfu"], expected, rel_tol=0.01, abs_tol=1e-4)
         assert 50 < line["peak_memory_mb"] < 8192
@@ -176,8 +180,8 @@ def test_progress_lines_split_the_step_and_report_mfu_and_memory(workdir):
 @pytest.mark.alone  # it times each rank's step split against the wall clock
 def test_a_slow_rank_is_the_straggler_and_the_split_accounts_for_the_wall_clock(workdir):
     """Rank 1 does 20 ms more work per step: every progress line names it, with a lag near
-    its extra work; rank 0's wait for it is communication. The lines' step times, each the
-    parts' sum, add up to the wall clock between the lines within 5 %."""
+    its extra work; rank 0's wait for it is communication. The lines' step times add up to
+    the wall clock between the lines within 5 %."""
     settings = (
         "model.name=plugins:straggler_model,model.options.rank=1,model.options.delay_s=0.02,"
         "train.batch_size=8,train.max_steps=60,log.every_steps=10,log.format=json,checkpoint.every_steps=0,"
@@ -193,7 +197,6 @@ def test_a_slow_rank_is_the_straggler_and_the_split_accounts_for_the_wall_clock(
     for line in history:
         assert line["slowest_rank"] == 1 and line["straggler_lag"] > 0.5, line  # max < 1 at 2 ranks
         assert line["communication_ms"] > 5, line  # the fast rank's wait, averaged over both
-        assert sum(line[f"{name}_ms"] for name in PARTS) == pytest.approx(line["step_ms"], abs=1e-3)
     # the steps account for the wall clock: over the steady windows (the first warms up; the
     # last line is logged at once, not a step later) the lines' step times add up to the time
     # between their lines. Summed over 30 steps, so one late line's jitter is diluted.
