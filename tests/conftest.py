@@ -170,18 +170,32 @@ def pod_snapshot_steps(pod_folder: Path) -> list[int]:
     return snapshot_steps(pod_folder / "volumes" / "dshm")
 
 
-def freeze_pod_1_once_snapshotted(step: int, frozen: list[str]):
+def freeze_pod_1_once_snapshotted(step: int, frozen: list[str], held: dict[str, int] | None = None):
     """An `on_tick` for `ddp-ops local`'s `run`: once every pod holds a snapshot of `step` or
     later, freeze every process of pod 1 (the runtime's stand-in for a frozen node), once;
-    its name goes into `frozen`."""
+    its name goes into `frozen`, and each pod's newest snapshot step then into `held`."""
     from operator_scripts.local.kubelet import freeze_pod
 
     def tick(pods) -> None:
         if not frozen and min(max(pod_snapshot_steps(pod.folder), default=0) for pod in pods) >= step:
+            if held is not None:
+                held.update({pod.name: max(pod_snapshot_steps(pod.folder), default=0) for pod in pods})
             freeze_pod(pods[1])
             frozen.append(pods[1].name)
 
     return tick
+
+
+def resumes_after_a_fault(logs: list[str]) -> list[tuple[int, int]]:
+    """(resumed from, steps lost by the trainer's count) of every JSON `plan` line of these
+    pods' logs that resumed a run: a fault's recoveries, as the trainer tells them."""
+    found = []
+    for log in logs:
+        for line in log.splitlines():
+            record = json.loads(line) if line.startswith("{") else {}
+            if record.get("event") == "plan" and record.get("resumed_from") is not None:
+                found.append((record["resumed_from"], record.get("lost_steps") or 0))
+    return found
 
 
 @pytest.hookimpl(hookwrapper=True)

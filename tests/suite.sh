@@ -38,6 +38,10 @@ fi
 if [ "$wall" -gt "$BUDGET_S" ]; then
   "$PYTHON" tests/suite_report.py growth "$reports"/*.xml
 fi
+# RECORD_DURATIONS=1 make test: this run's durations become the record a later run compares with
+if [ "${RECORD_DURATIONS:-0}" = 1 ]; then
+  "$PYTHON" tests/suite_report.py record "$reports"/*.xml
+fi
 "$PYTHON" tests/suite_report.py skips "$reports"/*.xml
 if [ "$wall" -le "$BUDGET_S" ]; then verdict="within it"
 elif [ "$wall" -le "$LIMIT_S" ]; then verdict="OVER it: see what grew above"

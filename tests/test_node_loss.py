@@ -11,7 +11,18 @@ import re
 import time
 
 import pytest
-from conftest import CPU_VALUES, HELPERS, REPO, free_port, pod_snapshot_steps, process_env
+from conftest import (
+    CPU_VALUES,
+    HELPERS,
+    REPO,
+    assert_bits_of_an_uninterrupted_run,
+    assert_lost_within,
+    free_port,
+    load_checkpoint,
+    pod_snapshot_steps,
+    process_env,
+    resumes_after_a_fault,
+)
 
 from operator_scripts.chart.render import merge_values, render
 from operator_scripts.cli import main as ddp_ops
@@ -117,11 +128,13 @@ def test_freezing_a_node_that_both_answers_and_is_deleted_is_refused_in_one_line
 GRACE_S, TOLERATION_S, BACK_S = 3.0, 2.0, 15.0
 
 
-def frozen_node_job(tmp_path, index: int):
+def frozen_node_job(tmp_path, references, index: int):
     """The chart's two CPU pods (fixed size: `--nnodes=2`); pod `index`'s node frozen once
     both hold a snapshot of step 20, with a 3 s grace period and the chart's toleration set to
-    2 s; it answers 15 s after it froze. The outcome, the control plane's lines with the
-    test's clock, the moment of the freeze, and each pod's log."""
+    2 s; it answers 15 s after it froze. The control plane's lines with the test's clock, the
+    moment of the freeze and each pod's log; and, as the job's world size is 2 throughout, what
+    it cost: at most the snapshot interval (5 steps) by the snapshots the harness saw at the
+    freeze, and the bits of an uninterrupted run at the end."""
     values = merge_values(
         files=[CPU_VALUES],
         sets=[
@@ -135,10 +148,12 @@ def frozen_node_job(tmp_path, index: int):
     rendered = render(values, release="ddp-run", namespace="training")
     notes: list[tuple[float, str]] = []
     frozen: list[float] = []
+    held: dict[str, int] = {}
     started = time.monotonic()
 
     def freeze_once_snapshotted(pods) -> None:
         if not frozen and min(max(pod_snapshot_steps(pod.folder), default=0) for pod in pods) >= 20:
+            held.update({pod.name: max(pod_snapshot_steps(pod.folder), default=0) for pod in pods})
             frozen.append(time.monotonic())
             plan = NodeLossPlan(pods[index].name, 0.0, back_after_s=BACK_S)
             lose_node(pods[index], plan, frozen[0], GRACE_S, started)
@@ -161,6 +176,11 @@ def frozen_node_job(tmp_path, index: int):
     assert not [line for _, line in notes if "probes failed" in line], (
         notes
     )  # a frozen kubelet probes nothing
+    survivor = f"ddp-run-ddp-trainer-worker-{1 - index}"
+    resumed = resumes_after_a_fault(list(logs.values()))[-1]  # the round that trained to the end
+    assert_lost_within(held, survivor, *resumed, bound=5)
+    recovered = load_checkpoint(tmp_path / "pods" / "pvc" / "ckpt" / "ddp-run")
+    assert_bits_of_an_uninterrupted_run(rendered, recovered, references)
     return outcome, notes, frozen[0], logs
 
 
@@ -170,11 +190,13 @@ def records_of(log: str) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_frozen_nodes_pod_is_evicted_then_recreated_when_its_node_answers_and_the_job_succeeds(tmp_path):
+def test_a_frozen_nodes_pod_is_evicted_then_recreated_when_its_node_answers_and_the_job_succeeds(
+    tmp_path, references
+):
     """Pod 1's node freezes. Pod 0 names it lost and waits (its bounds need two nodes); the
     control plane's steps come at their times by the test's clock; the evicted pod is ended
     and re-created, and the job succeeds at world size 2 again."""
-    _, notes, frozen_at, logs = frozen_node_job(tmp_path, 1)
+    _, notes, frozen_at, logs = frozen_node_job(tmp_path, references, 1)
     said = [line for _, line in notes]
 
     def at(text: str) -> float:
@@ -201,13 +223,15 @@ def test_a_frozen_nodes_pod_is_evicted_then_recreated_when_its_node_answers_and_
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_frozen_rendezvous_hosts_pod_is_waited_for_and_the_job_goes_on_once_it_is_recreated(tmp_path):
+def test_a_frozen_rendezvous_hosts_pod_is_waited_for_and_the_job_goes_on_once_it_is_recreated(
+    tmp_path, references
+):
     """Pod 0's node freezes: it holds the rendezvous store. Pod 1 names the store's host lost;
     its torchrun would wait on that store for good, so pod 1's ddp-launch stops it (one
     relaunch), waits in one line (the name stops resolving once the node is NotReady), and
     starts torchrun again once the re-created pod 0's store answers; the job succeeds, and
     pod 1's log holds lines, not torchrun's tracebacks."""
-    _, notes, _, logs = frozen_node_job(tmp_path, 0)
+    _, notes, _, logs = frozen_node_job(tmp_path, references, 0)
     pod_1 = logs["ddp-run-ddp-trainer-worker-1"]
     lost = [r for r in records_of(pod_1) if r.get("event") == "node_lost"]
     assert lost and lost[0]["node"] == 0 and "the rendezvous host" in lost[0]["message"], pod_1[-3000:]

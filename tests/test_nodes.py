@@ -5,7 +5,11 @@ survivor must name it within 10 s and train again within 30 s at world size 1; t
 thawed or healed rejoins, and both end with exit 0 at the run's last step. Where the bounds
 do not allow one node (`--nnodes=2`), the survivor says so and waits, saying so again at a
 steady interval, until the node is back. Every time is the test's own clock at the line's
-arrival (benchmarks.node_trials.node_trial, which the fault trials run too)."""
+arrival (benchmarks.node_trials.node_trial, which the fault trials run too). What the fault
+cost is the harness's too: the steps between the line it read before the fault and the step
+the job resumed from, at most the snapshot interval, and the final weights and optimizer
+state bit for bit those of the job's rounds replayed without a fault at their world sizes
+(`TwoNodes.replay`): every sample trained exactly once."""
 
 from __future__ import annotations
 
@@ -15,8 +19,17 @@ from collections.abc import Callable, Iterator
 import pytest
 from conftest import free_port, process_env
 
+from benchmarks.fault_trials import REPLAYABLE
 from benchmarks.namespaces import isolation_available, linked_hosts
-from benchmarks.node_trials import DETECTION_BOUND_S, TRAINING_BOUND_S, NodeTrial, TwoNodes, node_trial
+from benchmarks.node_trials import (
+    DETECTION_BOUND_S,
+    TRAINING_BOUND_S,
+    NodeTrial,
+    TwoNodes,
+    node_trial,
+    rounds,
+)
+from benchmarks.trial_record import final_state, same_state
 
 FAULT_AFTER = 60  # rank 0's step line at which the fault comes
 WAITING_LINE_S = 3.0  # ddp-launch's steady line while torchrun waits for nodes (30 s in pods)
@@ -24,11 +37,12 @@ WAITING_LINE_S = 3.0  # ddp-launch's steady line while torchrun waits for nodes 
 
 @pytest.fixture
 def two_nodes(workdir) -> Iterator[Callable[..., TwoNodes]]:
-    """Make the job under test; whatever is left of it ends with the test, pass or fail."""
+    """Make the job under test, on a schedule its replay can follow (constant LR); whatever is
+    left of it ends with the test, pass or fail."""
     jobs: list[TwoNodes] = []
 
     def make(**options) -> TwoNodes:
-        jobs.append(TwoNodes(workdir, free_port(), **options))
+        jobs.append(TwoNodes(workdir, free_port(), extra=REPLAYABLE, **options))
         return jobs[-1]
 
     yield make
@@ -36,10 +50,16 @@ def two_nodes(workdir) -> Iterator[Callable[..., TwoNodes]]:
         job.close()
 
 
-def assert_ends_complete(job: TwoNodes, trial: NodeTrial) -> None:
+def assert_ends_complete_losing_at_most_a_snapshot_interval_bit_exact(
+    job: TwoNodes, trial: NodeTrial
+) -> None:
     assert trial.codes == [0, 0], job.tail()
     assert trial.complete, job.tail()  # the summary's last step is latest.json's, every epoch done
     assert trial.false_alarms == 0, job.tail()  # the node watch found it, not a local watchdog's limit
+    assert trial.lost is not None and trial.lost <= job.every, (trial.seen_step, trial.resumed_from)
+    (job.workdir / "replay").mkdir()
+    expected = final_state(job.replay(job.workdir / "replay", process_env()))
+    assert same_state(final_state(job.workdir / "checkpoints"), expected), rounds(job)
 
 
 @pytest.mark.slow
@@ -56,7 +76,7 @@ def test_a_frozen_node_is_named_in_seconds_and_the_survivor_trains_on_then_it_re
     assert trial.training_s < TRAINING_BOUND_S and trial.world_after == 1, job.tail()
     assert 2 in trial.rejoined, (trial.rejoined, job.tail())  # the thawed node is back
     assert trial.thawed and trial.thawed[0]["stopped_s"] > 5, job.nodes[trial.victim].text()[-3000:]
-    assert_ends_complete(job, trial)
+    assert_ends_complete_losing_at_most_a_snapshot_interval_bit_exact(job, trial)
 
 
 @pytest.mark.slow
@@ -69,7 +89,7 @@ def test_a_frozen_rendezvous_host_is_named_by_the_other_node_which_waits_for_it(
     assert found["node"] == 0 and "the rendezvous host" in found["message"], found
     assert not found["goes_on"], found
     assert "ddp-launch stops torchrun and starts it again once that store answers" in found["message"], found
-    assert_ends_complete(job, trial)
+    assert_ends_complete_losing_at_most_a_snapshot_interval_bit_exact(job, trial)
 
 
 @pytest.mark.slow
@@ -98,7 +118,7 @@ def test_where_the_bounds_need_both_nodes_the_survivor_says_so_and_waits_until_t
     line = next(line for at, line in survivor.lines if at == waiting[0])
     assert "for at least 2 nodes (--nnodes=2)" in line, line
     assert trial.world_after == 2 and set(trial.rejoined) == {2}, job.tail()  # never trained alone
-    assert_ends_complete(job, trial)
+    assert_ends_complete_losing_at_most_a_snapshot_interval_bit_exact(job, trial)
 
 
 @pytest.mark.slow
@@ -118,4 +138,4 @@ def test_a_node_cut_off_by_a_real_partition_is_named_and_rejoins_once_healed(two
     assert found["node"] == 1, found
     assert trial.training_s < TRAINING_BOUND_S and trial.world_after == 1, job.tail()
     assert 2 in trial.rejoined, (trial.rejoined, job.tail())
-    assert_ends_complete(job, trial)
+    assert_ends_complete_losing_at_most_a_snapshot_interval_bit_exact(job, trial)

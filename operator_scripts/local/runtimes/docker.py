@@ -150,6 +150,7 @@ class DockerRuntime:
         """The container that holds the pod's network namespace: the pod's host name and
         address, the image's `sleep`, as the pod's user with nothing else allowed."""
         container, spec = pod.plan.container, pod.plan.template["spec"]
+        self.engine.run("rm", "--force", self._sandbox(pod.name), check=False)  # an earlier run's
         created = self.engine.run(
             "run", "--detach", "--name", self._sandbox(pod.name), "--hostname", pod.name,
             "--label", f"ddp-ops-local={self.network}", "--network", self.network, "--ip", pod.address,
