@@ -77,7 +77,8 @@ def main(argv: list[str]) -> int:
     elif command == "growth":
         print(growth(reports))
     elif command == "record":
-        RECORD.write_text(json.dumps(dict(sorted(durations(reports).items())), indent=0) + "\n")
+        recorded = {name: round(seconds, 1) for name, seconds in sorted(durations(reports).items())}
+        RECORD.write_text(json.dumps(recorded, indent=0) + "\n")
         print(f"wrote {RECORD}")
     else:
         print(f"suite_report: unknown command {command!r}: skips, growth or record", file=sys.stderr)

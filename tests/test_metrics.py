@@ -77,6 +77,8 @@ def test_a_run_serves_labelled_series_on_its_port(workdir):
     steps = next(line for line in body.splitlines() if line.startswith("ddp_train_steps_total{"))
     assert 'rank="0"' in steps and 'local_rank="0"' in steps and 'node_rank="0"' in steps
     assert 'ddp_run_info{dataset="digits"' in body and 'model="cnn"' in body
+    # no rendezvous id: it names the key of torchrun's state in the (unauthenticated) store
+    assert "run_id" not in body and "torch.rendezvous" not in body
 
 
 def test_metrics_port_zero_serves_nothing(workdir):
