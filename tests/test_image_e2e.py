@@ -8,7 +8,6 @@ machine's address on that network, the trainer's metrics scraped over HTTP.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -17,9 +16,9 @@ import urllib.request
 
 import boto3
 import pytest
-import torch
 from conftest import (
     REPO,
+    S3Bucket,
     assert_lost_within,
     cpu_chart_on_s3,
     freeze_pod_1_once_snapshotted,
@@ -188,14 +187,15 @@ def test_a_paused_container_fails_its_liveness_probe_and_the_pod_is_recreated(do
             runtime=runtime,
         )
         latest = client.get_object(Bucket="e2e", Key=f"{prefix}/latest.json")["Body"].read().decode()
-        recovered = stored_state(client, prefix)
+        stored = S3Bucket("e2e", endpoint, {}, client)
+        recovered = stored.load(prefix)
         # the same job without the fault, in the same image (its torch build, not this host's)
         unfaulted_values = chart_values(endpoint, f"{prefix}-unfaulted", max_steps, probes)
         unfaulted = render(unfaulted_values, release=release, namespace="training")
         reference = run(unfaulted.objects, tmp_path / "unfaulted", timeout=420, stream=None,
                         secrets=secrets, runtime=runtime)  # fmt: skip
         assert reference.status == "Succeeded", reference.summary()
-        expected = stored_state(client, f"{prefix}-unfaulted")
+        expected = stored.load(f"{prefix}-unfaulted")
 
     print(f"\n{outcome.summary()}", *notes, sep="\n  ")
     logs = {name: path.read_text() for name, path in outcome.logs.items()}
@@ -211,13 +211,6 @@ def test_a_paused_container_fails_its_liveness_probe_and_the_pod_is_recreated(do
     assert f'"step": {max_steps}' in latest, latest
     assert same_state(recovered, expected), (recovered["progress"], expected["progress"])
     assert runtime.left_behind() == []
-
-
-def stored_state(client, prefix: str) -> dict:
-    """The newest checkpoint under `prefix` in the bucket, loaded as any consumer loads it."""
-    step = json.loads(client.get_object(Bucket="e2e", Key=f"{prefix}/latest.json")["Body"].read())["step"]
-    body = client.get_object(Bucket="e2e", Key=f"{prefix}/step-{step}/checkpoint.pt")["Body"].read()
-    return torch.load(io.BytesIO(body), weights_only=True)
 
 
 FOREIGN_PROBE = """

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import CPU_VALUES, HELPERS, REPO, S3_SECRET, process_env, s3_secrets
+from conftest import CPU_VALUES, HELPERS, REPO, S3_SECRET, cpu_chart_on_s3, process_env, s3_secrets
 
 from operator_scripts.chart.render import merge_values, render
 from operator_scripts.local.pod_network import Attachment, pod_networks_available
@@ -76,17 +76,13 @@ def secret_values_in_environments(pods, secrets: list[str]) -> tuple[list[str], 
 
 
 def job(prefix: str, endpoint: str, bucket: str, *sets: str):
-    values = merge_values(
-        files=[CPU_VALUES],
-        sets=[
-            f"checkpoint.s3.bucket={bucket},checkpoint.s3.prefix={prefix},checkpoint.s3.endpoint={endpoint},"
-            f"checkpoint.s3.region=us-east-1,checkpoint.s3.existingSecret={S3_SECRET}",
-            "trainer.config.data.name=plugins:slow_digits,trainer.config.data.options.delay_s=0.004,"
-            "trainer.config.train.max_steps=60,trainer.config.checkpoint.every_steps=1000,"
-            "trainer.config.log.every_steps=5",
-            *sets,
-        ],
-    )
+    values = cpu_chart_on_s3(
+        bucket, prefix, endpoint,
+        "trainer.config.data.name=plugins:slow_digits,trainer.config.data.options.delay_s=0.004,"
+        "trainer.config.train.max_steps=60,trainer.config.checkpoint.every_steps=1000,"
+        "trainer.config.log.every_steps=5",
+        *sets,
+    )  # fmt: skip
     return render(values, release="ddp-run", namespace="training")
 
 

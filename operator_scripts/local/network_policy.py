@@ -37,6 +37,11 @@ class JobNetwork:
         policies = [item for item in objects if item.get("kind") == "NetworkPolicy"]
         return cls(job["metadata"].get("namespace", "default"), policies)
 
+    def summary(self, subnet: object, node: str) -> str:
+        """What a run says of its pods' network, where the policy holds."""
+        held = "held" if self.policies else "none rendered"
+        return f"pods on {subnet}, this machine {node} there; NetworkPolicy {held}"
+
 
 @dataclass(frozen=True)
 class Endpoint:

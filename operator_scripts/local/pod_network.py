@@ -52,9 +52,14 @@ def enter(netns: str) -> list[str]:
     return ["nsenter", f"--net={netns}", "--"]
 
 
-def apply_ruleset(netns: str, table: str) -> None:
-    """Replace the filter table of a namespace, atomically."""
-    _run([*enter(netns), "iptables-restore", "-w"], stdin=table)
+def enforce(policies: list[dict[str, Any]], members: list[tuple[Endpoint, str]], node: str) -> None:
+    """Hold each endpoint of the pod network, with the /proc path of its namespace, to
+    `policies`: its rules (`network_policy`), over all of them, replace that namespace's
+    filter table, atomically."""
+    endpoints = [endpoint for endpoint, _ in members]
+    for endpoint, netns in members:
+        table = ruleset(endpoint, policies, endpoints, node)
+        _run([*enter(netns), "iptables-restore", "-w"], stdin=table)
 
 
 def _hold_namespace() -> subprocess.Popen:
@@ -142,21 +147,7 @@ class PodNetwork:
         switch = f"/proc/{self._switch.pid}/ns/net"
         _run([*enter(switch), "ip", "-batch", "-"], stdin="link add switch type bridge\nlink set switch up\n")
         node = self._node_link
-        _run(
-            [
-                "ip",
-                "link",
-                "add",
-                node,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "node",
-                "netns",
-                str(self._switch.pid),
-            ]
-        )
+        _run(["ip", "-batch", "-"], f"link add {node} type veth peer name node netns {self._switch.pid}\n")
         _set_sysctl(None, f"net/ipv6/conf/{node}/disable_ipv6", "1")
         _run(
             ["ip", "-batch", "-"],
@@ -164,18 +155,10 @@ class PodNetwork:
         )
         _run([*enter(switch), "ip", "link", "set", "node", "master", "switch", "up"])
 
-    def attach(
-        self,
-        name: str,
-        namespace: str,
-        labels: Mapping[str, str],
-        address: str,
-        ports: Mapping[str, tuple[int, str]] | None = None,
-        namespace_labels: Mapping[str, str] | None = None,
-    ) -> Attachment:
-        """A namespace on the switch at `address` for a pod (or a guest: a process the
-        tests place on the network as a pod of another install would be). Every endpoint's
-        rules are renewed, as a policy engine renews them when a pod appears."""
+    def attach(self, endpoint: Endpoint) -> Attachment:
+        """A namespace on the switch at the endpoint's address for a pod (or a guest: a
+        process the tests place on the network as a pod of another install would be). Every
+        endpoint's rules are renewed, as a policy engine renews them when a pod appears."""
         assert self._switch is not None, "open() the network first"
         holder = _hold_namespace()
         port = f"port{len(self.attached)}"
@@ -185,15 +168,13 @@ class PodNetwork:
             f"link add {port} type veth peer name eth0 netns {holder.pid}\n"
             f"link set {port} master switch up\n"
         ))  # fmt: skip
+        address = f"{endpoint.address}/{self.network.prefixlen}"
         _run([*enter(netns), "ip", "-batch", "-"], stdin=(
-            f"addr add {address}/{self.network.prefixlen} dev eth0\nlink set eth0 up\nlink set lo up\n"
+            f"addr add {address} dev eth0\nlink set eth0 up\nlink set lo up\n"
         ))  # fmt: skip
-        endpoint = Endpoint(
-            name, namespace, dict(labels), address, dict(ports or {}), dict(namespace_labels or {})
-        )
-        self.attached[name] = Attachment(endpoint, holder)
+        self.attached[endpoint.name] = Attachment(endpoint, holder)
         self.enforce(self.policies)
-        return self.attached[name]
+        return self.attached[endpoint.name]
 
     def guest(
         self,
@@ -205,16 +186,12 @@ class PodNetwork:
         """A namespace for a process that is not one of the job's pods, at the top of the subnet."""
         self._guests += 1
         address = str(self.network.broadcast_address - self._guests)
-        return self.attach(name, namespace, labels, address, namespace_labels=namespace_labels)
+        return self.attach(Endpoint(name, namespace, dict(labels), address, {}, dict(namespace_labels or {})))
 
     def enforce(self, policies: list[dict[str, Any]]) -> None:
-        """Hold every endpoint to `policies` (all endpoints and policies, as the engine sees them)."""
+        """Hold every endpoint to `policies`, as the engine sees them."""
         self.policies = list(policies)
-        endpoints = [attachment.endpoint for attachment in self.attached.values()]
-        for attachment in self.attached.values():
-            apply_ruleset(
-                attachment.netns, ruleset(attachment.endpoint, self.policies, endpoints, self.gateway)
-            )
+        enforce(self.policies, [(a.endpoint, a.netns) for a in self.attached.values()], self.gateway)
 
     def close(self) -> None:
         """Every namespace goes with its holder, and the pods' links with the switch's. The

@@ -22,7 +22,7 @@ from operator_scripts.controllers.job_rules import rules_for
 from operator_scripts.controllers.pytorchjob_env import PodPlan
 from operator_scripts.controllers.pytorchjob_status import Phase, PodState
 from operator_scripts.local.kubelet_probe import ContainerProber
-from operator_scripts.local.network_policy import JobNetwork
+from operator_scripts.local.network_policy import Endpoint, JobNetwork
 from operator_scripts.local.node_loss import NodeLoss
 
 
@@ -116,11 +116,12 @@ class LocalPod:
         """The pod's labels: its template's, then what its controller adds."""
         return {**(self.plan.template.get("metadata", {}).get("labels") or {}), **self.plan.labels}
 
-    @property
-    def container_ports(self) -> dict[str, tuple[int, str]]:
-        """The trainer container's named ports, as a NetworkPolicy's named ports find them."""
+    def endpoint(self, namespace: str) -> Endpoint:
+        """The pod as a NetworkPolicy sees it: its labels, its address, and the trainer
+        container's named ports (which a policy's named ports find)."""
         ports = self.plan.container.get("ports", [])
-        return {p["name"]: (int(p["containerPort"]), p.get("protocol", "TCP")) for p in ports if "name" in p}
+        named = {p["name"]: (int(p["containerPort"]), p.get("protocol", "TCP")) for p in ports if "name" in p}
+        return Endpoint(self.name, namespace, self.labels, self.address, named)
 
     @property
     def state(self) -> PodState:

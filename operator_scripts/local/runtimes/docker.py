@@ -31,8 +31,8 @@ from typing import Any, TextIO
 from kubernetes.utils import parse_quantity
 
 from operator_scripts.image.engine import Engine
-from operator_scripts.local.network_policy import Endpoint, JobNetwork, ruleset
-from operator_scripts.local.pod_network import apply_ruleset
+from operator_scripts.local.network_policy import JobNetwork
+from operator_scripts.local.pod_network import enforce
 from operator_scripts.local.pods import HostsTable, LocalError, LocalPod
 from trainer.lines import last_line
 
@@ -134,14 +134,16 @@ class DockerRuntime:
                 raise LocalError(f"image {image} is not in the Docker engine: build it with `make image`")
         for pod in pods:
             self._start_sandbox(pod)
-        where = f"pods on {self.subnet}, this machine {self.gateway} there"
         if os.geteuid() != 0:
-            return f"{where}; the job's NetworkPolicy is not enforced (that needs root, in each sandbox)"
-        endpoints = [Endpoint(p.name, job.namespace, p.labels, p.address, p.container_ports) for p in pods]
-        for endpoint in endpoints:
-            table = ruleset(endpoint, job.policies, endpoints, self.gateway)
-            apply_ruleset(f"/proc/{self._sandbox_pid(endpoint.name)}/ns/net", table)
-        return f"{where}; NetworkPolicy {'held' if job.policies else 'none rendered'}"
+            return (
+                f"pods on {self.subnet}, this machine {self.gateway} there; the job's NetworkPolicy "
+                "is not enforced (that needs root, in each sandbox)"
+            )
+        sandboxes = [
+            (pod.endpoint(job.namespace), f"/proc/{self._sandbox_pid(pod.name)}/ns/net") for pod in pods
+        ]
+        enforce(job.policies, sandboxes, self.gateway)
+        return job.summary(self.subnet, self.gateway)
 
     def _sandbox(self, pod_name: str) -> str:
         return f"{pod_name}-sandbox"

@@ -89,14 +89,12 @@ class ProcessRuntime:
         try:
             self.network.open()
             for pod in pods:
-                self.network.attach(pod.name, job.namespace, pod.labels, pod.address, pod.container_ports)
+                self.network.attach(pod.endpoint(job.namespace))
             self.network.enforce(job.policies)
         except BaseException:
             self.network.close()
             raise
-        held = "held" if job.policies else "none rendered"
-        network = self.network
-        return f"pods on {network.subnet}, this machine {network.gateway} there; NetworkPolicy {held}"
+        return job.summary(self.network.subnet, self.network.gateway)
 
     def release(self) -> None:
         if self.network is not None:
