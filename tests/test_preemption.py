@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import load_checkpoint, process_env, run_torchrun, s3_env
+from conftest import load_checkpoint, process_env, run_torchrun, s3_env, uploading
 
 from benchmarks.fault_proxy import FaultProxy
+from benchmarks.trial_record import same_state
 from trainer.launcher.process_tree import signal_tree
 
 SLOW = (
@@ -88,8 +88,7 @@ def resume_to_the_reference(args: list[str], workdir: Path, step: int, *, last_s
     assert f"resumed from step {step} " in out
     expected, got = load_checkpoint(workdir / "reference"), load_checkpoint(workdir / "stopped")
     assert expected["progress"] == got["progress"] and got["progress"]["step"] == last_step
-    for name, tensor in expected["model"].items():
-        assert torch.equal(tensor, got["model"][name]), name
+    assert same_state(expected, got), "weights or optimizer state differ from the uninterrupted run's"
 
 
 @pytest.mark.slow
@@ -229,21 +228,59 @@ def test_ctrl_c_is_one_line(workdir):
 
 
 @pytest.mark.slow
-def test_a_slow_upload_at_sigterm_is_published_before_exit(s3_bucket, workdir):
-    """Uploads take 20 s on the wire; torchrun allows 60 s after SIGTERM: the stop's step is
-    published, latest.json names it, before the processes end."""
+@pytest.mark.parametrize("moment", ["training", "final upload"])
+def test_a_slow_upload_at_sigterm_finishes_and_the_newest_step_is_published_before_exit(
+    s3_bucket, workdir, moment
+):
+    """A checkpoint's upload takes 8 s on the wire (two PUTs of 4 s). While training, with a
+    checkpoint every 10 steps, SIGTERM comes as the upload of step 20 or a later one runs
+    (latest wins): rank 0 lets it finish, then saves the step the ranks stopped at and waits
+    for it. After training, SIGTERM comes as the final step's upload runs: rank 0 waits for
+    it (its watchdog allowing the wait, not the step's limit). Either way, within torchrun's
+    default 30 s, the newest step is published and latest.json names it before the
+    processes end with 143."""
     prefix = "preempted"
     slow = lambda method, path: method == "PUT" and "/step-" in path  # noqa: E731
-    with FaultProxy(s3_bucket.endpoint, every=0, matches=slow, delay_s=20) as proxy:
-        env = s3_env(proxy.url, TMPDIR=str(workdir), TORCH_ELASTIC_SHUTDOWN_TIMEOUT="60")
-        args = ["--config", "digits", "--set", f"{SLOW},checkpoint.uri={s3_bucket.uri(prefix)}"]
-        agent, log = launch(args, workdir, env), []
-        signal_at_step(agent, log, 10, signal.SIGTERM)
-        stdout, stderr = agent.communicate(timeout=150)
-    stop = next(r for r in records("".join(log) + stdout) if r["event"] == "stopped")
-    assert agent.returncode == 143, stderr[-3000:]
-    assert s3_bucket.latest_step(prefix) == stop["step"]
-    assert s3_bucket.load(prefix)["progress"]["step"] == stop["step"]
+    during = moment == "training"
+    with FaultProxy(s3_bucket.endpoint, every=0, matches=slow, delay_s=4) as proxy:
+        env = s3_env(proxy.url, TMPDIR=str(workdir))
+        every, epochs = (10, 30) if during else (1000, 10)  # 570 steps, or 190 and one upload
+        overrides = (
+            f"{SLOW},train.max_steps=0,train.epochs={epochs},checkpoint.every_steps={every},"
+            f"checkpoint.uri={s3_bucket.uri(prefix)}"
+        )
+        agent = launch(["--config", "digits", "--set", overrides], workdir, env)
+        log: list[str] = []
+        errors: list[str] = []
+        readers = [threading.Thread(target=lambda: log.extend(agent.stdout), daemon=True),
+                   threading.Thread(target=lambda: errors.extend(agent.stderr), daemon=True)]  # fmt: skip
+        for reader in readers:
+            reader.start()
+        deadline = time.monotonic() + 120
+        while not [step for step in uploading(proxy) if step >= (20 if during else 190)]:
+            assert agent.poll() is None and time.monotonic() < deadline, "no upload of the awaited step"
+            time.sleep(0.01)
+        in_flight = max(uploading(proxy))
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=150)
+        for reader in readers:
+            reader.join(timeout=10)
+    assert agent.returncode == 143, "".join(errors)[-3000:]
+    lines = records("".join(log))
+    messages = [r["message"] for r in lines if "message" in r]
+    assert not [r for r in lines if r.get("event") == "hang"], messages[-5:]
+    assert any(f"checkpoint step {in_flight} -> s3://" in m for m in messages), messages[-5:]
+    newest = in_flight
+    if during:
+        stop = next(r for r in lines if r.get("event") == "stopped")
+        (stopped,) = [m for m in messages if "stopped by SIGTERM at step" in m]
+        assert (
+            stop["step"] > in_flight
+            and f"saved s3://{s3_bucket.name}/{prefix}/step-{stop['step']}" in stopped
+        )
+        newest = stop["step"]
+    assert s3_bucket.latest_step(prefix) == newest
+    assert s3_bucket.load(prefix)["progress"]["step"] == newest
 
 
 @pytest.mark.slow

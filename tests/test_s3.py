@@ -6,10 +6,8 @@ import hashlib
 import json
 import logging
 import re
-import signal
 import subprocess
 import threading
-import time
 import urllib.request
 
 import pytest
@@ -20,6 +18,7 @@ from conftest import (
     run_trainer,
     s3_env,
     torchrun_command,
+    uploading,
 )
 
 from benchmarks.fault_proxy import FaultProxy
@@ -294,80 +293,3 @@ def test_sigkill_during_an_upload_loses_nothing_the_upload_finishes_first(s3_buc
     assert "restart 1" in stdout and resumed and int(resumed[1]) >= in_flight, stdout[-3000:]
     assert "latest.json names step 10" not in stdout and "Traceback" not in stderr, stderr[-3000:]
     assert s3_bucket.latest_step(prefix) == 60
-
-
-def uploading(proxy: FaultProxy) -> set[int]:
-    """The steps whose checkpoint the proxy has seen go up (a PUT under step-N/)."""
-    found = (re.search(r"/step-(\d+)/", path) for method, path in list(proxy.requests) if method == "PUT")
-    return {int(match[1]) for match in found if match}
-
-
-@pytest.mark.slow
-def test_world_size_two_then_one_covers_the_interrupted_epoch_once(s3_bucket, workdir):
-    """Two ranks stop mid-epoch at step 25; one rank resumes and finishes the epoch: the
-    epoch's samples are each read once (bar the tail that does not fill a batch)."""
-    records = {name: workdir / name for name in ("two", "one")}
-    uri = s3_bucket.uri("resharded")
-    for name, nproc, steps in (("two", 2, 25), ("one", 1, 52)):
-        records[name].mkdir()
-        overrides = (
-            f"data.name=plugins:recording_digits,data.options.record_dir={records[name]},"
-            f"checkpoint.uri={uri},train.max_steps={steps},optim.schedule=constant"
-        )
-        completed = run_torchrun(
-            ["--config", "digits", "--set", overrides],
-            workdir,
-            nproc=nproc,
-            env=s3_env(s3_bucket.endpoint, TMPDIR=str(workdir)),
-        )
-        assert completed.returncode == 0, completed.stderr[-3000:]
-    assert "resumed from step 25" in completed.stdout and "world size 1" in completed.stdout
-
-    def indices(name: str, rank: int) -> list[int]:
-        return [int(x) for x in (records[name] / f"rank{rank}.txt").read_text().split()]
-
-    epoch_two = [i for rank in (0, 1) for i in indices("two", rank)[19 * 32 :]] + indices("one", 0)
-    assert len(epoch_two) == len(set(epoch_two))
-    assert len(epoch_two) == 6 * 64 + 27 * 32  # 1257 samples, less 9 that fill no batch
-    assert s3_bucket.load("resharded")["progress"] == {
-        "step": 52,
-        "epoch": 2,
-        "epoch_position": 0,
-        "stopped_early": False,
-        "samples": 25 * 64 + 27 * 32,
-    }
-
-
-@pytest.mark.slow
-def test_sigterm_waits_for_the_upload_in_flight(s3_bucket, workdir):
-    """Kubernetes stops a pod with SIGTERM to torchrun, which forwards it to the workers:
-    rank 0 lets the checkpoint it is uploading (step 20 or a later one: latest wins) finish,
-    then saves the step the ranks stopped at, so latest.json names that one."""
-    prefix = "drained"
-    slow_uploads = lambda method, path: method == "PUT" and "/step-" in path  # noqa: E731
-    with FaultProxy(s3_bucket.endpoint, every=0, matches=slow_uploads, delay_s=1.0) as proxy:
-        overrides = (
-            f"checkpoint.uri={s3_bucket.uri(prefix)},checkpoint.every_steps=10,"
-            "train.max_steps=400,data.name=plugins:slow_digits,data.options.delay_s=0.002"
-        )
-        agent = subprocess.Popen(
-            torchrun_command([*QUICK, "--set", overrides]),
-            cwd=workdir,
-            env=s3_env(proxy.url, TMPDIR=str(workdir)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.monotonic() + 120
-        while not [step for step in uploading(proxy) if step >= 20]:
-            assert agent.poll() is None and time.monotonic() < deadline
-            time.sleep(0.01)
-        in_flight = max(uploading(proxy))
-        agent.send_signal(signal.SIGTERM)
-        stdout, stderr = agent.communicate(timeout=120)
-    assert agent.returncode != 0  # bare torchrun exits 1 after a signal (ddp-launch: 143)
-    assert f"checkpoint step {in_flight} -> s3://" in stdout, stderr[-3000:]
-    (stopped,) = [line for line in stdout.splitlines() if "stopped by SIGTERM at step" in line]
-    step = int(stopped.split("at step ")[1].split()[0])
-    assert step > in_flight and f"saved s3://{s3_bucket.name}/{prefix}/step-{step}" in stopped
-    assert s3_bucket.latest_step(prefix) == step

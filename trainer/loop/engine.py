@@ -134,7 +134,10 @@ class Trainer:
         try:
             return self._run()
         finally:
-            self.checkpoints.close(self.config.checkpoint.drain_timeout_s)
+            # in a phase of its own: after a signal the step's phase and limit would be back
+            drain_s = self.config.checkpoint.drain_timeout_s
+            with self.heartbeat.phase(phases.FINISH, limit_s=drain_s + self.solo_budget_s):
+                self.checkpoints.close(drain_s)
 
     def _run(self) -> dict[str, Any]:
         self.checkpoints.open_snapshots(self.state.size_bytes(self.config.optim, self.context.world_size))
