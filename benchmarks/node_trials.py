@@ -83,6 +83,7 @@ class TwoNodes:
     addresses: Sequence[str] = ("127.0.0.1", "127.0.0.1")
     prefixes: Sequence[Sequence[str]] = ((), ())
     extra: str = ""
+    replay_extra: str = ""  # the replay's settings over `extra` (data that need not wait)
     launcher_args: Sequence[str] = ()  # ddp-launch's own options
     nodes: list[NodeProcess] = field(default_factory=list)
 
@@ -115,11 +116,12 @@ class TwoNodes:
         equals this run's bit for bit where every sample of every epoch was trained exactly
         once, at the same world sizes, and nothing else differed (it needs a schedule that
         `max_steps` does not change: `optim.schedule=constant`)."""
+        settings = f"{self.overrides(workdir, 'r')}{self.extra}{self.replay_extra}"
         for world, stop in replay_segments(rounds(self)):
             command = [
                 sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
                 "-m", "trainer", "--config", "digits",
-                "--set", f"{self.overrides(workdir, 'r')}{self.extra},train.max_steps={stop}",
+                "--set", f"{settings},train.max_steps={stop}",
             ]  # fmt: skip
             done = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
             if done.returncode != 0:

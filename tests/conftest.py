@@ -10,6 +10,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -29,11 +30,16 @@ import pytest
 import torch
 import yaml
 
+from benchmarks.fault_proxy import FaultProxy
 from benchmarks.metrics import free_port
 from benchmarks.namespaces import enter_private_network, isolation_available
+from benchmarks.trial_record import same_state
 from operator_scripts.local.pod_network import PodNetwork, pod_networks_available
 from trainer.config import CheckpointConfig
 from trainer.config.loading import load_config
+from trainer.data import build_data
+from trainer.data.shards.source import open_source
+from trainer.data.shards.write import write_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).parent / "helpers"
@@ -51,6 +57,17 @@ def cpu_chart_on_s3(bucket: str, prefix: str, endpoint: str, *sets: str) -> dict
         f"checkpoint.s3.region=us-east-1,checkpoint.s3.existingSecret={S3_SECRET}"
     )
     return merge_values(files=[CPU_VALUES], sets=[s3, *sets])
+
+
+SHARDS_PREFIX = "datasets/digits"
+
+
+@pytest.fixture
+def shards_in_s3(s3_bucket: S3Bucket) -> str:
+    """The digits data as shards of 64 samples under the bucket's `datasets/digits`."""
+    write_dataset(build_data(load_config("digits").data, 0), open_source(s3_bucket.uri(SHARDS_PREFIX)),
+                  samples_per_shard=64, seed=0)  # fmt: skip
+    return s3_bucket.uri(SHARDS_PREFIX)
 
 
 AUDIT = HELPERS / "audit"
@@ -404,14 +421,13 @@ def assert_bits_of_an_uninterrupted_run(
     rendered: object, recovered: dict, references: Path, env: dict[str, str] | None = None
 ) -> None:
     """The recovered checkpoint has the bits of the chart's config run start to end on this
-    host (`uninterrupted_checkpoint`): weights and progress."""
+    host (`uninterrupted_checkpoint`): weights, optimizer state and progress."""
     (config_map,) = [c for c in rendered.of_kind("ConfigMap") if c["metadata"]["name"].endswith("-config")]
     config = Path(tempfile.mkdtemp()) / "config.yaml"
     config.write_text(config_map["data"]["config.yaml"])
     expected = uninterrupted_checkpoint(references, config, env)
     assert expected["progress"] == recovered["progress"]
-    for name, tensor in expected["model"].items():
-        assert torch.equal(tensor, recovered["model"][name]), name
+    assert same_state(expected, recovered), "weights or optimizer state differ from the uninterrupted run's"
 
 
 @dataclass
@@ -581,3 +597,9 @@ def workdir(tmp_path: Path) -> Path:
     path = tmp_path / "work"
     path.mkdir()
     return path
+
+
+def uploading(proxy: FaultProxy) -> set[int]:
+    """The steps whose checkpoint the proxy has seen go up (a PUT under step-N/)."""
+    found = (re.search(r"/step-(\d+)/", path) for method, path in list(proxy.requests) if method == "PUT")
+    return {int(match[1]) for match in found if match}

@@ -25,7 +25,7 @@ def run_benchmark(module: str, *args: str, timeout: float = 300) -> str:
         text=True,
         timeout=timeout,
     )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     return completed.stdout
 
 

@@ -23,9 +23,10 @@ from trainer.launcher.process_tree import signal_tree
 
 # the server imports at idle CPU priority: beside other tests it may not listen for minutes
 pytestmark = pytest.mark.alone
+SNAPSHOT_EVERY = 5
 RUN = (
     "data.name=plugins:slow_digits,data.options.delay_s=0.002,model.dropout=0.3,train.max_steps=100,"
-    "checkpoint.every_steps=1000,checkpoint.snapshot_every_steps=5,log.every_steps=1,log.format=json,"
+    f"checkpoint.every_steps=1000,checkpoint.snapshot_every_steps={SNAPSHOT_EVERY},log.every_steps=1,log.format=json,"
     "metrics.port=0"
 )
 
@@ -74,8 +75,11 @@ def test_the_client_a_worker_runs_imports_no_torch():
 def test_restarted_workers_are_forked_and_a_killed_forked_worker_restarts_the_group_bit_exact(workdir):
     """Rank 1 is killed in the first round (cold workers), once the server listens: the
     second round's workers are the server's children. One of them is SIGKILLed: torchrun
-    sees exit code -9 again and starts a third round, forked too. The run ends with the
-    uninterrupted run's weights and optimizer state; the server ends with the agent."""
+    sees exit code -9 again and starts a third round, forked too. Each kill costs at most the
+    snapshot interval, counted by the harness from the last step line it read before the
+    kill (the trainer's own count agrees); the run ends with the uninterrupted run's weights
+    and optimizer state; the server, about 300 MB resident once loaded (docs/checkpoints.md),
+    ends with the agent."""
     reference = run_torchrun(arguments("reference", workdir / "r"), workdir)
     assert reference.returncode == 0, reference.stderr[-3000:]
     args = arguments("faulted", workdir / "s")
@@ -85,16 +89,23 @@ def test_restarted_workers_are_forked_and_a_killed_forked_worker_restarts_the_gr
     )  # fmt: skip
     rounds: list[list[int]] = []  # the forked workers' pids, per restarted round
     kills: list[int] = []
+    seen: list[int] = []  # the step of the last line the harness read before each kill
+    resumes: list[dict] = []  # the plan each restarted round logged
+    resident_mb: list[float] = []
 
     def act(record: dict) -> None:
         if record.get("event") == "plan" and record.get("resumed_from") is not None:
+            resumes.append(record)
             rounds.append([worker.pid for worker in forked_workers(agent.pid)])
         progress = record.get("event") == "progress"
         if progress and not kills and record["step"] >= 10 and listening(agent.pid):
+            resident_mb.extend(server.memory_info().rss / 2**20 for server in servers(agent.pid))
             worker = next(c for c in psutil.Process(agent.pid).children() if c.environ().get("RANK") == "1")
+            seen.append(record["step"])
             kills.append(worker.pid)
             worker.kill()
         elif progress and len(kills) == 1 and len(rounds) == 1 and record["step"] >= 40:
+            seen.append(record["step"])
             kills.append(rounds[0][0])
             os.kill(rounds[0][0], signal.SIGKILL)
 
@@ -107,7 +118,13 @@ def test_restarted_workers_are_forked_and_a_killed_forked_worker_restarts_the_gr
     assert len(rounds) == 2 and all(len(pids) == 2 for pids in rounds), rounds
     assert not set(rounds[0]) & set(rounds[1]), "the third round must be new children"
     assert stderr.count("(exitcode: -9)") == 2, stderr[-3000:]  # the client ended as its child
+    for step, plan in zip(seen, resumes, strict=True):  # the harness's figures decide, the trainer's agree
+        resumed = plan["resumed_from"]
+        # the run may pass a snapshot between the line read and the kill: step - resumed < 0
+        assert resumed % SNAPSHOT_EVERY == 0 and step - resumed <= SNAPSHOT_EVERY, (seen, resumes)
+        assert max(step - resumed, 0) <= plan["lost_steps"] <= SNAPSHOT_EVERY, (seen, resumes)
     assert same_state(load_checkpoint(workdir / "faulted"), load_checkpoint(workdir / "reference"))
+    assert len(resident_mb) == 1 and 150 <= resident_mb[0] <= 450, resident_mb
     assert gone_within(agent.pid, 5), "the server outlived its agent"
 
 

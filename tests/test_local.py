@@ -22,6 +22,7 @@ from conftest import (
     free_port,
     pod_snapshot_steps,
     process_env,
+    s3_env,
     s3_secrets,
 )
 
@@ -87,15 +88,22 @@ def test_pod_names_labels_and_rank0_selector():
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapshot_bit_exact(
-    s3_bucket, tmp_path, references, kind
+    s3_bucket, tmp_path, references, kind, request
 ):
     """Two CPU pods from the chart, snapshots every 5 steps, S3 checkpoints only at the end,
-    metrics on. One pod's process tree is SIGKILLed: it is re-created with an empty /dev/shm
-    (a node lost; a TrainJob's Job replaces it after its 10 s back-off), the agents
-    re-rendezvous, and training resumes from the other pod's snapshot, sent over the process
-    group; the job succeeds with the same final bits as an uninterrupted run of the same
-    config."""
+    metrics on; the PyTorchJob trains on shards in S3 (each pod with its shard cache in its
+    /tmp), the TrainJob on bundled data. Mid-epoch 2, one pod's process tree is SIGKILLed: it
+    is re-created with an empty /dev/shm (a node lost; a TrainJob's Job replaces it after its
+    10 s back-off), the agents re-rendezvous, and training resumes from the other pod's
+    snapshot, sent over the process group, losing at most the snapshot interval as the
+    harness counts it; the job succeeds with the same final bits as an uninterrupted run of
+    the same config."""
     prefix = f"local-e2e-{kind}"
+    data = (
+        f"trainer.config.data.name=plugins:seen_shards,trainer.config.data.path={request.getfixturevalue('shards_in_s3')}"
+        if kind == "PyTorchJob"
+        else "trainer.config.data.name=plugins:slow_digits"
+    )
     values = merge_values(
         files=[CPU_VALUES],
         sets=[
@@ -103,7 +111,7 @@ def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapsh
             f"checkpoint.s3.bucket={s3_bucket.name},checkpoint.s3.prefix={prefix},"
             f"checkpoint.s3.endpoint={s3_bucket.pod_endpoint},checkpoint.s3.region=us-east-1,"
             f"checkpoint.s3.existingSecret=s3-keys,metrics.port={free_port()}",
-            "trainer.config.data.name=plugins:slow_digits,trainer.config.data.options.delay_s=0.002,"
+            f"{data},trainer.config.data.options.delay_s=0.002,"
             "trainer.config.train.max_steps=60,trainer.config.checkpoint.every_steps=1000,"
             "trainer.config.model.dropout=0.3,trainer.config.log.every_steps=10",
         ],
@@ -114,8 +122,8 @@ def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapsh
 
     held: dict[str, int] = {}
 
-    def kill_worker_1_after_step_20(pods):
-        if not killed and max(pod_snapshot_steps(pods[1].folder), default=0) >= 20:
+    def kill_worker_1_after_step_25(pods):  # epoch 2 of 3: 19 steps an epoch at 2 ranks
+        if not killed and max(pod_snapshot_steps(pods[1].folder), default=0) >= 25:
             held.update({pod.name: max(pod_snapshot_steps(pod.folder), default=0) for pod in pods})
             kill_pod(pods[1])
             killed.append(pods[1].plan.name)
@@ -126,7 +134,7 @@ def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapsh
         tmp_path / "pods",
         timeout=200,
         stream=lines.append,
-        on_tick=kill_worker_1_after_step_20,
+        on_tick=kill_worker_1_after_step_25,
         host_env=host_env,
         secrets=s3_secrets(tmp_path / "secret"),
     )
@@ -143,12 +151,14 @@ def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapsh
     )
     assert len(resumed) == 1, resumed
     assert_lost_within(held, survivor_name, int(resumed[0][0]), int(resumed[0][1]), bound=5)
+    assert int(resumed[0][0]) > 19, "the kill was not mid-epoch 2"
     survivor = logs[survivor_name]  # one line for the lost peer, no traceback
     assert survivor.count("rank 0 lost a peer (") == 1 and "Traceback" not in survivor, survivor[-3000:]
     assert any("world size 2 (2 nodes x 1 process)" in line for line in lines)  # rank 0 streamed
     assert s3_bucket.latest_step(prefix) == 60
 
-    assert_bits_of_an_uninterrupted_run(rendered, s3_bucket.load(prefix), references)
+    recovered = s3_bucket.load(prefix)
+    assert_bits_of_an_uninterrupted_run(rendered, recovered, references, s3_env(s3_bucket.endpoint))
 
 
 @pytest.mark.slow

@@ -33,6 +33,12 @@ from benchmarks.trial_record import final_state, same_state
 
 FAULT_AFTER = 60  # rank 0's step line at which the fault comes
 WAITING_LINE_S = 3.0  # ddp-launch's steady line while torchrun waits for nodes (30 s in pods)
+# steps that wait 32 ms for their data: a run long enough for the fault and the node's return
+# costs the machine waits, not CPU; the replay reads the same samples without waiting
+WAITING_DATA, REPLAY_DATA = (
+    ",data.name=plugins:slow_digits,data.options.delay_s=0.001",
+    ",data.options.delay_s=0",
+)
 
 
 @pytest.fixture
@@ -41,8 +47,11 @@ def two_nodes(workdir) -> Iterator[Callable[..., TwoNodes]]:
     left of it ends with the test, pass or fail."""
     jobs: list[TwoNodes] = []
 
-    def make(**options) -> TwoNodes:
-        jobs.append(TwoNodes(workdir, free_port(), extra=REPLAYABLE, **options))
+    def make(waiting_data: bool = True, **options) -> TwoNodes:
+        data = (WAITING_DATA, REPLAY_DATA) if waiting_data else ("", "")
+        jobs.append(
+            TwoNodes(workdir, free_port(), extra=REPLAYABLE + data[0], replay_extra=data[1], **options)
+        )
         return jobs[-1]
 
     yield make
@@ -65,7 +74,7 @@ def assert_ends_complete_losing_at_most_a_snapshot_interval_bit_exact(
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_frozen_node_is_named_in_seconds_and_the_survivor_trains_on_then_it_rejoins(two_nodes):
-    job = two_nodes(epochs=150)
+    job = two_nodes(epochs=40)
     trial = node_trial(job, "node-freeze", FAULT_AFTER, process_env())
     found = trial.found
     assert trial.found_s < DETECTION_BOUND_S, found
@@ -82,7 +91,7 @@ def test_a_frozen_node_is_named_in_seconds_and_the_survivor_trains_on_then_it_re
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_frozen_rendezvous_host_is_named_by_the_other_node_which_waits_for_it(two_nodes):
-    job = two_nodes(epochs=60)
+    job = two_nodes(epochs=20)
     trial = node_trial(job, "host-freeze", FAULT_AFTER, process_env())
     found = trial.found
     assert trial.found_s < DETECTION_BOUND_S, found
@@ -98,7 +107,9 @@ def test_a_frozen_rendezvous_host_is_named_by_the_other_node_which_waits_for_it(
 def test_where_the_bounds_need_both_nodes_the_survivor_says_so_and_waits_until_the_node_is_back(two_nodes):
     # with --nnodes=2 the survivor never trains alone, so the run cannot end before the node
     # is back: 20 epochs (400 steps) leave room for the fault at step 60
-    job = two_nodes(epochs=20, nnodes="2", launcher_args=[f"--waiting-line-s={WAITING_LINE_S}"])
+    job = two_nodes(
+        waiting_data=False, epochs=20, nnodes="2", launcher_args=[f"--waiting-line-s={WAITING_LINE_S}"]
+    )  # alone, it pays its wall time in full: steps at the CPU's pace
     waiting: list[float] = []
 
     def waited_twice(survivor, found_at: float) -> bool:
@@ -128,7 +139,7 @@ def test_a_node_cut_off_by_a_real_partition_is_named_and_rejoins_once_healed(two
     with contextlib.ExitStack() as stack:
         network = stack.enter_context(linked_hosts(2))
         job = two_nodes(
-            epochs=150, addresses=network.addresses, prefixes=[network.prefix(0), network.prefix(1)]
+            epochs=40, addresses=network.addresses, prefixes=[network.prefix(0), network.prefix(1)]
         )
         stack.callback(job.close)  # before the namespaces go
         # the cut-off node sees the store not answer; the other sees the cut-off one fall silent

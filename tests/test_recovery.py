@@ -1,6 +1,7 @@
-"""Recovery from node-local snapshots with real torchrun processes: a killed rank costs at
-most the snapshot interval and the run ends bit-identical; with every snapshot gone the
-store's checkpoint is used, as before."""
+"""Recovery from node-local snapshots with real torchrun processes: with every snapshot gone
+the store's checkpoint is used, as before; a damaged snapshot on one node is skipped for
+another node's. (A killed rank's cost, at most the snapshot interval and bit-identical, is
+measured by tests/test_forkserver.py, whose restarts are the warm ones a job gets.)"""
 
 from __future__ import annotations
 
@@ -8,46 +9,14 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
-from conftest import REPO, free_port, load_checkpoint, node_env, process_env, run_torchrun, torchrun_command
+from conftest import free_port, load_checkpoint, node_env, process_env, run_torchrun, torchrun_command
 from snapshot_folders import snapshot_steps
 
 from trainer.launcher.process_tree import signal_tree
-
-
-@pytest.mark.slow
-@pytest.mark.alone
-def test_seeded_fault_trials_lose_at_most_the_snapshot_interval_and_end_bit_identical():
-    """`benchmarks.fault_trials` (1 of its 10 trials; each is the same code on another
-    seeded rank and step): SIGKILL a random rank at a random step under `torchrun
-    --max-restarts=1`, once the agent's fork server listens; the restart starts warm and
-    resumes from the newest snapshot."""
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.fault_trials", "--trials", "1", "--seed", "7"],
-        cwd=REPO,
-        env=process_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert completed.returncode == 0, completed.stdout + completed.stderr[-3000:]
-    trial = (
-        r"SIGKILL rank \d after step (\d+), its restart warm -> "
-        r"resumed from step (\d+) \(snapshot on [^)]+\), "
-        r"(-?\d+) lost as seen, (\d+) as the trainer counts; training again after [\d.]+s; "
-        r"final state bit-identical"
-    )
-    trials = [tuple(map(int, found)) for found in re.findall(trial, completed.stdout)]
-    assert len(trials) == 1, completed.stdout
-    for seen, resumed, seen_lost, told in trials:  # the harness's figures decide, the trainer's agree
-        # the run may have passed a snapshot between the line and the kill: seen - resumed < 0
-        assert resumed % 5 == 0 and seen_lost == seen - resumed <= 5, trials
-        assert max(seen - resumed, 0) <= told <= 5, trials
-
 
 SLOW = (
     "data.name=plugins:slow_digits,data.options.delay_s=0.002,train.max_steps=40,"

@@ -1,46 +1,27 @@
 """A sharded dataset in S3 (moto over HTTP) trained by the chart's job under `ddp-ops local`:
-two pods, each with its own shard cache in its /tmp, as two nodes would have. A pod lost
-mid-epoch costs a few steps and the job ends bit-exact against an uninterrupted run; a job
-resized from 2 pods to 1 and back reads every sample of the epoch once."""
+two pods, each with its own shard cache in its /tmp, as two nodes would have. A job resized
+from 2 pods to 1 and back reads every sample of the epoch once. (A pod lost mid-epoch on S3
+shards is tests/test_local.py's lost node, whose PyTorchJob trains on them.)"""
 
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
 from conftest import (
     HELPERS,
     REPO,
     S3Bucket,
-    assert_bits_of_an_uninterrupted_run,
-    assert_lost_within,
     cpu_chart_on_s3,
     free_port,
-    pod_snapshot_steps,
     process_env,
-    s3_env,
     s3_secrets,
 )
 
 from operator_scripts.chart.render import render
-from operator_scripts.local.kubelet import kill_pod
 from operator_scripts.local.run import run
 from trainer.config import load_config
-from trainer.data import build_data
 from trainer.data.shards import build_shards
-from trainer.data.shards.source import open_source
-from trainer.data.shards.write import write_dataset
-
-PREFIX = "datasets/digits"
-
-
-@pytest.fixture
-def shards_in_s3(s3_bucket: S3Bucket) -> str:
-    """The digits data as shards of 64 samples under the bucket's `datasets/digits`."""
-    write_dataset(build_data(load_config("digits").data, 0), open_source(s3_bucket.uri(PREFIX)),
-                  samples_per_shard=64, seed=0)  # fmt: skip
-    return s3_bucket.uri(PREFIX)
 
 
 def chart_values(s3_bucket: S3Bucket, data: str, *sets: str) -> dict:
@@ -56,38 +37,6 @@ def chart_values(s3_bucket: S3Bucket, data: str, *sets: str) -> dict:
 
 def host_env() -> dict[str, str]:
     return process_env({"PYTHONPATH": os.pathsep.join([str(REPO), str(HELPERS)])})
-
-
-@pytest.mark.slow
-def test_a_pod_lost_mid_epoch_on_s3_shards_resumes_bit_exact(s3_bucket, shards_in_s3, tmp_path, references):
-    values = chart_values(
-        s3_bucket, shards_in_s3,
-        "trainer.config.data.options.delay_s=0.002,trainer.config.train.max_steps=60,"
-        "trainer.config.model.dropout=0.3",
-    )  # fmt: skip
-    rendered = render(values, release="ddp-run", namespace="training")
-    held: dict[str, int] = {}
-    killed: list[str] = []
-
-    def kill_worker_1_after_step_25(pods):  # epoch 2 of 3: 19 steps an epoch at 2 ranks
-        if not killed and max(pod_snapshot_steps(pods[1].folder), default=0) >= 25:
-            held.update({pod.name: max(pod_snapshot_steps(pod.folder), default=0) for pod in pods})
-            kill_pod(pods[1])
-            killed.append(pods[1].plan.name)
-
-    outcome = run(rendered.objects, tmp_path / "pods", timeout=200, on_tick=kill_worker_1_after_step_25,
-                  host_env=host_env(), secrets=s3_secrets(tmp_path / "secret"))  # fmt: skip
-    logs = "".join(path.read_text() for path in outcome.logs.values())
-    assert outcome.status == "Succeeded" and killed, logs[-3000:]
-    resumed = re.findall(
-        r"resumed from step (\d+) \(snapshot on ddp-run-ddp-trainer-worker-0, (\d+) steps? lost", logs
-    )
-    assert len(resumed) == 1, logs[-3000:]
-    assert_lost_within(held, "ddp-run-ddp-trainer-worker-0", int(resumed[0][0]), int(resumed[0][1]), bound=5)
-    assert int(resumed[0][0]) > 19, "the kill was not mid-epoch 2"
-
-    recovered = s3_bucket.load("run")
-    assert_bits_of_an_uninterrupted_run(rendered, recovered, references, s3_env(s3_bucket.endpoint))
 
 
 @pytest.mark.slow
