@@ -309,6 +309,16 @@ def test_rendezvous_drops_a_lost_node_in_seconds_and_the_user_may_override():
     assert overridden["keep_alive_interval"] == "2"
 
 
+@pytest.mark.parametrize(("grace", "deadline"), [(None, "585"), (120, "105"), (20, "10")])
+def test_torchruns_shutdown_deadline_is_the_grace_period_less_15_s(grace, deadline):
+    """The stop's checkpoint gets the grace period less 15 s for the kubelet's own SIGKILL,
+    and never under 10 s."""
+    sets = [] if grace is None else [f"terminationGracePeriodSeconds={grace}"]
+    job = render(merge_values(sets=sets)).one("PyTorchJob")
+    env = {e["name"]: e.get("value") for e in trainer_container(pod_templates(job)["Worker"])["env"]}
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == deadline
+
+
 LOSS_KEYS = ["node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"]
 
 
