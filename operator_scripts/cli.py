@@ -9,6 +9,8 @@ ddp-ops delete  RELEASE [-n NS]    every object submit made for the release (its
 ddp-ops local   [-f VALUES] [--set K=V] [--code DIR] [--workdir DIR] [--delay POD=SECONDS] [--runtime docker]
                 [--freeze-node POD=SECONDS [--node-back-after S | --node-deleted-after S]]
                                                                 run the rendered job here
+ddp-ops estimate --step-ms MS --grad-mb MB [--devices N ...] [--interconnect NAME] [--data-ms MS]
+                                                                predicted speedup at N devices
 """
 
 from __future__ import annotations

@@ -43,7 +43,9 @@ def test_status_summary_from_conditions_pods_and_labels():
 
 
 def test_help_everywhere():
-    for command in ([], ["render"], ["submit"], ["status"], ["logs"], ["delete"], ["local"], ["estimate"]):
+    """Every command has its help, and the top-level help shows each command's usage."""
+    commands = ["render", "submit", "status", "logs", "delete", "local", "estimate"]
+    for command in ([], *([name] for name in commands)):
         completed = subprocess.run(
             [sys.executable, "-m", "operator_scripts.cli", *command, "--help"],
             cwd=REPO,
@@ -52,6 +54,11 @@ def test_help_everywhere():
             text=True,
         )
         assert completed.returncode == 0 and "usage: " in completed.stdout
+        if not command:
+            lines = completed.stdout.splitlines()
+            assert [
+                name for name in commands if not any(line.startswith(f"ddp-ops {name} ") for line in lines)
+            ] == []
 
 
 MISSING_VALUES = "argument -f/--values: 'missing.yaml': no such file"
