@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import ipaddress
+import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -281,6 +282,9 @@ def _local_in_docker(rendered, workdir: Path, subnet: str, options: dict):
         raise LocalError(str(error)) from None
 
 
+HELM_FAIL_PREFIX = re.compile(r"^execution error at \([^)]*\): ")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["estimate"]:
@@ -320,7 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "local":
             return _local(args)
     except refusals as error:
-        print(f"ddp-ops {args.command}: error: {error}".rstrip(), file=sys.stderr)
+        # a chart's `fail` reaches us as Helm's "execution error at (template:line:col): why"
+        why = HELM_FAIL_PREFIX.sub("", str(error))
+        print(f"ddp-ops {args.command}: error: {why}".rstrip(), file=sys.stderr)
         return 2
     return 0
 

@@ -76,7 +76,7 @@ BAD_INPUTS = [
      "ddp-ops estimate: error: argument --step-ms: '-5': must be greater than 0"),
     (["status", "job"], {"KUBECONFIG": "/nonexistent"},
      "ddp-ops status: error: KUBECONFIG=/nonexistent: no such file; point it at your cluster's kubeconfig"),
-    (["render", "--set", "gpus=12"], {}, "does not split into whole nodes"),
+    (["render", "--set", "gpus=12"], {}, "ddp-ops render: error: gpus=12 does not split into whole nodes"),
     (["frobnicate"], {}, "ddp-ops: error: argument command: invalid choice: 'frobnicate'"),
 ]  # fmt: skip
 
