@@ -8,10 +8,12 @@ import sys
 import pytest
 from conftest import REPO, process_env
 
+from benchmarks.fault_trials import summary
 from benchmarks.gpu import GpuFigures
 from benchmarks.gpu_check import split_problems
 from benchmarks.links import variants
 from benchmarks.node_trials import replay_segments
+from benchmarks.trial_record import Trial
 from trainer.config import ConfigError
 
 
@@ -160,3 +162,28 @@ def test_the_links_benchmark_reads_each_variant_as_the_trainer_does():
     assert made["static_graph=true"].overrides == "ddp.static_graph=true"  # what its runs are given
     with pytest.raises(ConfigError, match="bucket_cap_mb"):
         variants([], ["bucket_cap_mb=-1"])
+
+
+def kill_trial(seen: int, resumed: int, told: int, identical: bool = True) -> Trial:
+    return Trial("kill", 1, seen, resumed, "snapshot on vm", told, identical, None, 1.1, 0, 8.7, warm=True)
+
+
+def test_a_fault_trial_passes_only_within_its_bound_bit_identical_and_reports_in_one_line():
+    """The kill trials' own judgement and report (`benchmarks.fault_trials`, run by hand):
+    steps lost as seen at most the bound and at most the trainer's count, which is within the
+    bound too, the state bit-identical; the line says each."""
+    good, passed_a_snapshot = kill_trial(23, 20, 3), kill_trial(19, 20, 0)
+    assert good.passed(5) and passed_a_snapshot.passed(5)  # the run passed a snapshot after the line
+    assert not kill_trial(27, 20, 7).passed(5)  # over the bound
+    assert not kill_trial(23, 20, 2).passed(5)  # the trainer counts fewer than the harness saw
+    assert not kill_trial(23, 20, 3, identical=False).passed(5)
+    assert good.describe(1) == (
+        "trial 1: SIGKILL rank 1 after step 23, its restart warm -> resumed from step 20 (snapshot on vm), "
+        "3 lost as seen, 3 as the trainer counts; training again after 1.1s; final state bit-identical"
+    )
+    line = summary([good, kill_trial(27, 20, 7)], bound=5, seconds=61.4)
+    assert line == (
+        "2 kill trials in 61s: steps lost [3, 7] (bound 5); training again after median 1.1s, max 1.1s; "
+        "cold start median 8.7s, max 8.7s; recovery / cold start median 0.13 (0.13-0.13); "
+        "1/2 within the bounds and bit-identical"
+    )
