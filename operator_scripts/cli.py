@@ -34,6 +34,7 @@ from operator_scripts.local.node_loss import NODE_MONITOR_GRACE_S, NodeLossPlan
 from trainer.config.argparsing import OneLineParser, existing_file, positive_float
 
 HELM_COMMANDS = ("render", "submit", "local")
+HELM_FAIL_PREFIX = re.compile(r"^execution error at \([^)]*\): ")  # what a chart's `fail` comes wrapped in
 INSTALL_ID_ANNOTATION = "ddp-trainer/install-id"  # the chart's, on the job: helm/templates/_helpers.tpl
 
 
@@ -280,9 +281,6 @@ def _local_in_docker(rendered, workdir: Path, subnet: str, options: dict):
             return run(rendered.objects, workdir, runtime=runtime, **options)
     except EngineError as error:
         raise LocalError(str(error)) from None
-
-
-HELM_FAIL_PREFIX = re.compile(r"^execution error at \([^)]*\): ")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,6 +9,7 @@ states a figure names where it was read (or says it was measured here)."""
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 from dataclasses import dataclass
@@ -69,8 +70,10 @@ def figures(line: str) -> list[str]:
     return found
 
 
+@functools.cache
 def stated(doc: Path) -> list[tuple[str, str]]:
-    """(section, figure) for every figure the doc states (the table of claims restates them)."""
+    """(section, figure) for every figure the doc states (the table of claims restates them);
+    read once per doc, however many rows name it."""
     lines = prose(doc.read_text())
     return [(section, figure) for section, line in lines if section != TABLE for figure in figures(line)]
 
