@@ -8,7 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trainer.checkpoint import Checkpointer, CheckpointWriter, LocalStore, open_store
+from trainer.checkpoint.location import open_store
+from trainer.checkpoint.manager import Checkpointer
+from trainer.checkpoint.store import LocalStore
+from trainer.checkpoint.writer import CheckpointWriter
 from trainer.checkpoint.writer_start import spawn_writer
 from trainer.config import CheckpointConfig, ConfigError
 

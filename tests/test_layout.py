@@ -125,11 +125,17 @@ def test_no_module_is_over_400_lines():
 
 @pytest.mark.parametrize(
     "module",
-    ["operator_scripts.cli", "operator_scripts.local.run", "trainer.launcher.fork_client"],
+    [
+        "operator_scripts.cli",
+        "operator_scripts.local.run",
+        "trainer.launcher.launch",
+        "trainer.launcher.fork_client",
+    ],
 )
-def test_the_operators_cli_and_the_fork_client_import_no_torch(module):
-    """`ddp-ops local` starts pods, and a forked worker's client starts before torch loads:
-    neither may pay torch's import (seconds) on its path."""
+def test_the_operators_cli_the_pods_launcher_and_the_fork_client_import_no_torch(module):
+    """`ddp-ops local` starts pods, each pod's `ddp-launch` validates the job before torchrun
+    imports torch, and a forked worker's client starts before torch loads: none may pay
+    torch's import (seconds, a pod's start-up twice over) on its path."""
     code = f"import sys, {module}; print('torch' in sys.modules)"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert loaded.returncode == 0, loaded.stderr

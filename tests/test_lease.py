@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from conftest import process_env, s3_env, torchrun_command
 
-from trainer.checkpoint import Checkpointer
 from trainer.checkpoint.lease import LEASE_FILE, Lease, LeaseLost
 from trainer.checkpoint.location import open_store
+from trainer.checkpoint.manager import Checkpointer
 from trainer.checkpoint.store import LocalStore, StaleWrite
 from trainer.checkpoint.writing import AttemptFailed, PublishFailed, SaveRequest, SaveWork
 from trainer.config import CheckpointConfig, ConfigError

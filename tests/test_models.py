@@ -1,9 +1,12 @@
 """The model registry: built-ins fit their data, plug-ins load by import path, misfits are refused."""
 
+import inspect
+
 import pytest
 import torch
 
 from trainer.config import ConfigError, ModelConfig
+from trainer.config.registry import DATASETS, MODELS
 from trainer.data.base import DataSpec
 from trainer.models import build_model
 
@@ -24,6 +27,17 @@ TOKENS = DataSpec("language_modeling", (32,), 50, 32)
 def test_builtins_fit_their_data(name, spec, inputs, out_shape):
     model = build_model(ModelConfig(name=name, width=16, depth=2, heads=2), spec)
     assert model(inputs).shape == out_shape
+
+
+@pytest.mark.parametrize("registry", [DATASETS, MODELS], ids=["datasets", "models"])
+def test_each_builtin_name_imports_a_builder_that_takes_the_registrys_arguments(registry):
+    """Built-ins are import paths, imported only when built: a path that names nothing would
+    pass `check` (which does not import them) and fail in the pod."""
+    for name in registry.names:
+        registry.check(name)
+        inspect.signature(registry.resolve(name)).bind(*registry.arguments)
+    with pytest.raises(ConfigError, match=r"unknown .*; did you mean"):
+        registry.check(registry.names[0][:-1])
 
 
 def test_transformer_declares_training_flops_from_its_size():

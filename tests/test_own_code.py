@@ -84,7 +84,7 @@ def test_a_configmap_volume_naming_a_missing_key_keeps_the_pod_from_starting():
 def test_a_plugin_module_that_fails_as_it_imports_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "needs_a_driver.py").write_text("raise RuntimeError('libcuda.so.1 not found')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    registry = Registry("data.name", "dataset", ("config", "seed"))
+    registry = Registry("data.name", "dataset", ("config", "seed"), builtins={})
     with pytest.raises(ConfigError) as raised:
         registry.resolve("needs_a_driver:build")
     assert str(raised.value) == (

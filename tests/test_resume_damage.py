@@ -17,7 +17,9 @@ import torch
 from conftest import AWS_TEST_ENV, free_port, node_env, process_env, run_torchrun, s3_env, torchrun_command
 
 from benchmarks.fault_proxy import FaultProxy
-from trainer.checkpoint import Checkpointer, CheckpointError, LocalStore, open_store
+from trainer.checkpoint.location import open_store
+from trainer.checkpoint.manager import Checkpointer, CheckpointError
+from trainer.checkpoint.store import LocalStore
 from trainer.config import CheckpointConfig, ConfigError, load_config
 from trainer.run.ownership import refuse_overwrite
 

@@ -22,7 +22,9 @@ from conftest import (
 )
 
 from benchmarks.fault_proxy import FaultProxy
-from trainer.checkpoint import Checkpointer, CheckpointWriter, open_store
+from trainer.checkpoint.location import open_store
+from trainer.checkpoint.manager import Checkpointer
+from trainer.checkpoint.writer import CheckpointWriter
 from trainer.config import CheckpointConfig
 
 QUICK = ["--config", "digits", "--set", "log.every_steps=10"]

@@ -192,7 +192,8 @@ def test_the_pacer_counts_a_snapshots_pause_not_the_time_a_save_waited_for_the_w
 
     import torch
 
-    from trainer.checkpoint import Checkpointer, LocalStore
+    from trainer.checkpoint.manager import Checkpointer
+    from trainer.checkpoint.store import LocalStore
     from trainer.config import CheckpointConfig
     from trainer.distributed.process_group import DistContext
     from trainer.loop.checkpoint_policy import CheckpointPolicy

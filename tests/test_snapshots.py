@@ -18,10 +18,12 @@ import pytest
 import torch
 from conftest import REPO, process_env
 
-from trainer.checkpoint import Checkpointer, LocalStore, rng
+from trainer.checkpoint import rng
+from trainer.checkpoint.manager import Checkpointer
 from trainer.checkpoint.recovery import ResumePoint, _decide, _Report
 from trainer.checkpoint.shared_state import SharedStateBuffer, SharedStateReader
 from trainer.checkpoint.snapshots import SnapshotDir
+from trainer.checkpoint.store import LocalStore
 from trainer.checkpoint.writing import SaveRequest, SaveWork, Staged
 from trainer.config import CheckpointConfig
 from trainer.distributed.process_group import DistContext
@@ -161,7 +163,9 @@ def test_the_resume_point_is_the_newest_step_anywhere(tmp_path, stored, reports,
 KILLED_AFTER_SAVE = """
 import logging, os, signal, sys, torch
 from pathlib import Path
-from trainer.checkpoint import Checkpointer, CheckpointWriter, LocalStore
+from trainer.checkpoint.manager import Checkpointer
+from trainer.checkpoint.writer import CheckpointWriter
+from trainer.checkpoint.store import LocalStore
 from trainer.checkpoint.snapshots import SnapshotDir
 from trainer.config import CheckpointConfig
 root = Path(sys.argv[1])

@@ -14,8 +14,9 @@ import threading
 import pytest
 
 from benchmarks.storage_trials import S3Target, writer_stop_trial
-from trainer.checkpoint import Checkpointer, LocalStore
 from trainer.checkpoint.location import open_store
+from trainer.checkpoint.manager import Checkpointer
+from trainer.checkpoint.store import LocalStore
 from trainer.checkpoint.writer_process import Uploads
 from trainer.checkpoint.writer_watch import STALL_FLOOR_S, WRITER_MULTIPLE, WRITER_START_S, WriterWatch
 from trainer.checkpoint.writing import Coalesced, Progress, Published, SaveRequest, SaveWork

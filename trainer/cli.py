@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from trainer.checkpoint import open_store
+from trainer.checkpoint.location import open_store
 from trainer.config import ConfigError, dump_yaml
 from trainer.distributed.process_group import read_env
 from trainer.run.lifecycle import train

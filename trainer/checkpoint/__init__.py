@@ -1,17 +1,3 @@
-"""Checkpoints: a store interface (local directory, S3), the commit protocol over it, and
-rank 0's background writer."""
-
-from trainer.checkpoint.location import open_store
-from trainer.checkpoint.manager import Checkpointer, CheckpointError, SavedCheckpoint
-from trainer.checkpoint.store import CheckpointStore, LocalStore
-from trainer.checkpoint.writer import CheckpointWriter
-
-__all__ = [
-    "CheckpointError",
-    "CheckpointStore",
-    "CheckpointWriter",
-    "Checkpointer",
-    "LocalStore",
-    "SavedCheckpoint",
-    "open_store",
-]
+"""Checkpoints: a store interface (local directory, S3: `store`, `s3`, `location`), the
+commit protocol over it (`manager`), and rank 0's background writer (`writer`). Import from
+the module itself: `ddp-launch` opens a store without the torch that the manager imports."""

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.checkpoint import Checkpointer, CheckpointError
+from trainer.checkpoint.manager import Checkpointer, CheckpointError
 from trainer.checkpoint.resume import bounded, load_everywhere
 from trainer.checkpoint.shared_state import aligned_slots, join_tensors, split_tensors
 from trainer.checkpoint.snapshots import SnapshotDir

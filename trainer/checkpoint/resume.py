@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from trainer.checkpoint import Checkpointer, CheckpointError
+from trainer.checkpoint.manager import Checkpointer, CheckpointError
 from trainer.config import Config, to_tree
 from trainer.distributed.process_group import DistContext
 

@@ -1,6 +1,8 @@
 """Named builders plus user plug-ins by import path (`package.module:function`).
 
 Datasets and models share this so that a user's own code plugs in the same way for both.
+A built-in name stands for an import path too, imported only when it is built: checking a
+name (`ddp-launch`, `ddp-ops`) then needs no torch, whose import is most of a pod's start-up.
 """
 
 from __future__ import annotations
@@ -17,30 +19,28 @@ Builder = TypeVar("Builder", bound=Callable)
 
 
 class Registry(Generic[Builder]):
-    """A table of builders keyed by name; other names are resolved as `module:attribute`."""
+    """Builders by name (built-ins, each an import path) or by `module:attribute` (plug-ins)."""
 
-    def __init__(self, key: str, kind: str, arguments: tuple[str, ...]) -> None:
-        """`arguments`: what a builder is called with, by position (checked on plug-ins)."""
+    def __init__(self, key: str, kind: str, arguments: tuple[str, ...], builtins: dict[str, str]) -> None:
+        """`arguments`: what a builder is called with, by position (checked on plug-ins);
+        `builtins`: each built-in name's `module:attribute`."""
         self.key, self.kind, self.arguments = key, kind, arguments
-        self._builders: dict[str, Builder] = {}
-
-    def register(self, name: str) -> Callable[[Builder], Builder]:
-        """Decorator that adds a builder under `name`."""
-
-        def add(builder: Builder) -> Builder:
-            self._builders[name] = builder
-            return builder
-
-        return add
+        self._builtins = builtins
 
     @property
     def names(self) -> list[str]:
-        return sorted(self._builders)
+        return sorted(self._builtins)
+
+    def check(self, name: str) -> None:
+        """What `resolve` would refuse, without importing a built-in; a ConfigError."""
+        if name not in self._builtins:
+            self.resolve(name)
 
     def resolve(self, name: str) -> Builder:
         """The builder for `name`, or a ConfigError naming the key and the allowed values."""
-        if name in self._builders:
-            return self._builders[name]
+        if name in self._builtins:
+            module_name, _, attribute = self._builtins[name].partition(":")
+            return getattr(importlib.import_module(module_name), attribute)
         allowed = f"allowed: {', '.join(self.names)} or package.module:function"
         module_name, colon, attribute = name.partition(":")
         if not colon or not module_name or not attribute:
@@ -73,3 +73,22 @@ def _is_own_builder(name: str, value: object, module: ModuleType) -> bool:
     """A public function or class of the module's own, not one it imported (torch's Dataset)."""
     defined_here = getattr(value, "__module__", None) == module.__name__
     return not name.startswith("_") and callable(value) and defined_here
+
+
+DATASETS: Registry[Callable] = Registry(
+    "data.name", "dataset", ("config", "seed"),
+    builtins={
+        "digits": "trainer.data.digits:build_digits",
+        "mnist": "trainer.data.mnist:build_mnist",
+        "shards": "trainer.data.shards:build_shards",
+        "synthetic": "trainer.data.synthetic:build_synthetic",
+    },
+)  # fmt: skip
+MODELS: Registry[Callable] = Registry(
+    "model.name", "model", ("config", "spec"),
+    builtins={
+        "cnn": "trainer.models.cnn:build_cnn",
+        "mlp": "trainer.models.mlp:build_mlp",
+        "transformer": "trainer.models.transformer:build_transformer",
+    },
+)  # fmt: skip

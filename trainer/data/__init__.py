@@ -1,7 +1,7 @@
 """Datasets behind one registry, and the loaders that shard them over ranks."""
 
-from trainer.data import digits, mnist, shards, synthetic  # noqa: F401  (registers the built-ins)
-from trainer.data.base import DATASETS, DataError, DataSpec, DataSplits
+from trainer.config.registry import DATASETS
+from trainer.data.base import DataError, DataSpec, DataSplits
 from trainer.data.loading import eval_loader, train_loader
 from trainer.data.sampler import ResumableDistributedSampler
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from torch.utils.data import Dataset
 
-from trainer.config import ConfigError, DataConfig
-from trainer.config.registry import Registry
+from trainer.config import ConfigError
 
 Task = Literal["classification", "language_modeling"]
 
@@ -36,7 +34,3 @@ class DataSplits:
     val: Dataset
     test: Dataset
     spec: DataSpec
-
-
-DatasetBuilder = Callable[[DataConfig, int], DataSplits]
-DATASETS: Registry[DatasetBuilder] = Registry("data.name", "dataset", ("config", "seed"))

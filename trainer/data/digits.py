@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from trainer.config import DataConfig
-from trainer.data.base import DATASETS, DataSpec, DataSplits
+from trainer.data.base import DataSpec, DataSplits
 from trainer.data.splits import split_tensors, standardize
 
 
@@ -30,7 +30,6 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     return bunch.images, bunch.target
 
 
-@DATASETS.register("digits")
 def build_digits(config: DataConfig, seed: int) -> DataSplits:
     """Images as float (1, 8, 8) tensors, labels 0-9."""
     images, targets = load_digits_arrays()

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from trainer.config import DataConfig
-from trainer.data.base import DATASETS, DataError, DataSpec, DataSplits
+from trainer.data.base import DataError, DataSpec, DataSplits
 from trainer.data.splits import split_tensors, standardize
 
 _UNSIGNED_BYTE = 0x08
@@ -69,7 +69,6 @@ def _load_pair(folder: Path, images_key: str, labels_key: str) -> tuple[torch.Te
     return pixels, torch.from_numpy(labels.astype(np.int64))
 
 
-@DATASETS.register("mnist")
 def build_mnist(config: DataConfig, seed: int) -> DataSplits:
     """Train and validation from the training files (cut by `data.val_fraction`); test is t10k."""
     folder = Path(config.path)

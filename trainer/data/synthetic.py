@@ -5,11 +5,10 @@ from __future__ import annotations
 import torch
 
 from trainer.config import DataConfig
-from trainer.data.base import DATASETS, DataSpec, DataSplits
+from trainer.data.base import DataSpec, DataSplits
 from trainer.data.splits import split_tensors
 
 
-@DATASETS.register("synthetic")
 def build_synthetic(config: DataConfig, seed: int) -> DataSplits:
     """`data.synthetic.kind=images`: (C, S, S) normal noise with random labels;
     `tokens`: windows of a uniform token stream, each target the next token."""

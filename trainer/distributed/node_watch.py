@@ -47,15 +47,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from trainer.config import WatchdogConfig
 from trainer.distributed.elastic_bounds import describe, node_bounds
 from trainer.distributed.heartbeat import DONE, Heartbeat, read_records
-from trainer.distributed.process_group import DistContext
 
 KEY_PREFIX = "ddp-node-progress/"
+if TYPE_CHECKING:  # torch is imported where a watch starts: ddp-launch reads STORE_LOST_FILE_ENV torch-free
+    import torch.distributed as dist
+
+    from trainer.distributed.process_group import DistContext
+
 EXIT_NODE_LOST = 1  # a failure: torchrun restarts the workers while it has restarts left
 STORE_LOST_FILE_ENV = "TRAINER_STORE_LOST_FILE"  # set by ddp-launch: where to say the store's host is lost
 
@@ -259,6 +262,8 @@ class NodeWatcher:
     def _connect(self) -> dist.TCPStore:
         """A connection of its own to the group's store: a blocked call here holds up no
         collective's use of the group's."""
+        import torch.distributed as dist
+
         timeout = timedelta(seconds=max(1.0, self.config.node_poll_s * 2))
         return dist.TCPStore(
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout,

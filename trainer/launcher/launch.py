@@ -46,7 +46,7 @@ from pathlib import Path
 
 import psutil
 
-from trainer.checkpoint import open_store
+from trainer.checkpoint.location import open_store
 from trainer.config import ConfigError
 from trainer.config.argparsing import OneLineParser
 from trainer.distributed.elastic_bounds import NNODES_ENV, PET_NNODES_ENV, node_bounds
@@ -55,7 +55,12 @@ from trainer.distributed.liveness import serve_health
 from trainer.distributed.node_watch import STORE_LOST_FILE_ENV
 from trainer.distributed.recurrence import CRASH_DIR_ENV
 from trainer.launcher.process_tree import adopt_orphans, container_exit_code, reap_orphans, signal_tree
-from trainer.launcher.rendezvous_host import rendezvous_host, store_address, torchrun_option, wait_for_host
+from trainer.launcher.rendezvous_host import (
+    rendezvous_host,
+    store_address,
+    torchrun_option,
+    wait_for_host,
+)
 from trainer.launcher.torchrun_output import ERROR_PREFIX, relay, say_error
 from trainer.lines import write_line
 from trainer.run.startup import EXIT_CONFIG_ERROR, FATAL_FILE_ENV, validate

@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from trainer.checkpoint import Checkpointer
+from trainer.checkpoint.manager import Checkpointer
 from trainer.checkpoint.recovery import ResumePoint
 from trainer.checkpoint.writer_start import WriterHandle
 from trainer.config import Config

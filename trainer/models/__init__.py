@@ -3,9 +3,8 @@
 from torch import nn
 
 from trainer.config import ConfigError, ModelConfig
+from trainer.config.registry import MODELS
 from trainer.data.base import DataSpec
-from trainer.models import cnn, mlp, transformer  # noqa: F401  (registers the built-ins)
-from trainer.models.base import MODELS
 
 __all__ = ["MODELS", "build_model"]
 

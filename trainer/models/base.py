@@ -1,17 +1,9 @@
-"""The model registry and the checks that a model fits the data it is given."""
+"""The checks that a model fits the data it is given."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from torch import nn
-
-from trainer.config import ConfigError, ModelConfig
-from trainer.config.registry import Registry
+from trainer.config import ConfigError
 from trainer.data.base import DataSpec, Task
-
-ModelBuilder = Callable[[ModelConfig, DataSpec], nn.Module]
-MODELS: Registry[ModelBuilder] = Registry("model.name", "model", ("config", "spec"))
 
 
 def require(spec: DataSpec, model: str, task: Task, input_rank: int | None = None) -> None:

@@ -6,10 +6,9 @@ from torch import nn
 
 from trainer.config import ModelConfig
 from trainer.data.base import DataSpec
-from trainer.models.base import MODELS, require
+from trainer.models.base import require
 
 
-@MODELS.register("cnn")
 def build_cnn(config: ModelConfig, spec: DataSpec) -> nn.Module:
     """`depth` conv blocks doubling from `width` channels, pooling while the map is >= 4 px."""
     require(spec, "cnn", "classification", input_rank=3)

@@ -8,10 +8,9 @@ from torch import nn
 
 from trainer.config import ModelConfig
 from trainer.data.base import DataSpec
-from trainer.models.base import MODELS, require
+from trainer.models.base import require
 
 
-@MODELS.register("mlp")
 def build_mlp(config: ModelConfig, spec: DataSpec) -> nn.Module:
     """`depth` hidden layers of `width` units with ReLU and dropout."""
     require(spec, "mlp", "classification")

@@ -8,7 +8,7 @@ from torch import nn
 
 from trainer.config import ConfigError, ModelConfig
 from trainer.data.base import DataSpec
-from trainer.models.base import MODELS, require
+from trainer.models.base import require
 
 
 class CausalSelfAttention(nn.Module):
@@ -72,7 +72,6 @@ class DecoderLM(nn.Module):
         return self.head(self.norm(self.blocks(x)))
 
 
-@MODELS.register("transformer")
 def build_transformer(config: ModelConfig, spec: DataSpec) -> nn.Module:
     """Sized by `width` (model dim), `depth` (blocks) and `heads`; vocab and length from the data."""
     require(spec, "transformer", "language_modeling", input_rank=1)

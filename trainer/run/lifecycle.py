@@ -15,7 +15,9 @@ from pathlib import Path
 
 import torch
 
-from trainer.checkpoint import Checkpointer, open_store, rng
+from trainer.checkpoint import rng
+from trainer.checkpoint.location import open_store
+from trainer.checkpoint.manager import Checkpointer
 from trainer.checkpoint.writer_start import WriterHandle, spawn_writer
 from trainer.config import CheckpointConfig, Config, ConfigError
 from trainer.data import DataSplits, build_data

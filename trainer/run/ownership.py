@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.checkpoint import Checkpointer
 from trainer.checkpoint.lease import Lease, job_id
-from trainer.checkpoint.manager import LATEST_FILE
+from trainer.checkpoint.manager import LATEST_FILE, Checkpointer
 from trainer.checkpoint.writer_process import writer_lock
 from trainer.config import Config, ConfigError
 from trainer.loop.preemption import LEASE_LOST, StopSignal

@@ -9,15 +9,17 @@ import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from trainer.checkpoint import open_store
+from trainer.checkpoint.location import open_store
 from trainer.config import Config, ConfigError, load_config
-from trainer.data import DATASETS
-from trainer.distributed.process_group import DistContext, cuda_available
+from trainer.config.registry import DATASETS, MODELS
 from trainer.distributed.recurrence import RecurringCrash
 from trainer.lines import first_to_say, write_line
-from trainer.models import MODELS
 from trainer.run.arguments import parse_args
+
+if TYPE_CHECKING:  # torch-free: ddp-launch validates before torchrun, and torch is most of a pod's start
+    from trainer.distributed.process_group import DistContext
 
 EXIT_CONFIG_ERROR = 2
 EXIT_PEER_LOST = 1  # any failure: torchrun restarts the workers while it has restarts left
@@ -39,14 +41,18 @@ def validate(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Config]:
 
 def check_environment(config: Config) -> None:
     """Checks that need more than the schema: plug-ins import, URI scheme, device and AMP."""
-    DATASETS.resolve(config.data.name)
-    MODELS.resolve(config.model.name)
+    DATASETS.check(config.data.name)
+    MODELS.check(config.model.name)
     open_store(config.checkpoint)
     device, amp = config.train.device, config.train.amp
-    if device == "cuda" and not cuda_available():
-        raise ConfigError("train.device", device, "no CUDA device is visible; use auto or cpu")
-    if amp == "fp16" and (device == "cpu" or not cuda_available()):
-        raise ConfigError("train.amp", amp, "fp16 needs a CUDA device; use bf16 or off on CPU")
+    if device == "cuda" or amp == "fp16":  # only these ask torch whether CUDA is there
+        from trainer.distributed.process_group import cuda_available
+
+        cuda = cuda_available()
+        if device == "cuda" and not cuda:
+            raise ConfigError("train.device", device, "no CUDA device is visible; use auto or cpu")
+        if amp == "fp16" and (device == "cpu" or not cuda):
+            raise ConfigError("train.amp", amp, "fp16 needs a CUDA device; use bf16 or off on CPU")
 
 
 def report(error: ConfigError | RecurringCrash, context: DistContext) -> int:

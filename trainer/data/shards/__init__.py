@@ -8,14 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainer.config import DataConfig
-from trainer.data.base import DATASETS, DataError, DataSplits
+from trainer.data.base import DataError, DataSplits
 from trainer.data.shards.cache import ShardCache, default_cache_dir
 from trainer.data.shards.dataset import ShardedDataset
 from trainer.data.shards.index import INDEX_FILE, ShardIndex, parse_index
 from trainer.data.shards.source import ShardSource, open_source
 
 
-@DATASETS.register("shards")
 def build_shards(config: DataConfig, seed: int) -> DataSplits:
     """The dataset at `data.path`, its index read and every shard's presence and size checked
     before any step, so that a missing shard stops the run now, not hours in."""
