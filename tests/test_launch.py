@@ -265,7 +265,7 @@ def test_a_crash_is_permanent_only_where_it_repeats_at_the_same_step(tmp_path, m
 ORPHANS = """
 import os, subprocess, sys, time
 import psutil
-from trainer.launcher.process_tree import adopt_orphans, reap_orphans
+from trainer.launcher.process_tree import adopt_orphans, has_children, reap_orphans
 
 adopt_orphans()
 # a child that starts a grandchild and exits at once: the grandchild is an orphan
@@ -278,7 +278,13 @@ adopted = psutil.Process(orphan).ppid() == os.getpid()
 time.sleep(0.6)  # the orphan has exited: a zombie until reaped
 zombie = psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
 reap_orphans(keep=-1)
-print(adopted, zombie, psutil.pid_exists(orphan))
+# torchrun's own exit is its Popen's to collect: reaped here, its code would read 0
+kept = subprocess.Popen(["false"])
+time.sleep(0.3)
+reap_orphans(keep=kept.pid)
+sleeper = subprocess.Popen(["sleep", "1"])
+print(adopted, zombie, psutil.pid_exists(orphan), kept.wait())
+print(has_children(os.getpid()), has_children(sleeper.pid))
 """
 
 
@@ -286,12 +292,13 @@ print(adopted, zombie, psutil.pid_exists(orphan))
 def test_ddp_launch_adopts_the_orphans_of_its_pod_and_reaps_them():
     """A process whose parent ended (the fork server after the worker that started it, a
     writer of a killed worker) is re-parented to ddp-launch, not the host's init, so the
-    pod stays one tree, and its exit status is collected: no zombie is left."""
+    pod stays one tree, and its exit status is collected: no zombie is left, and torchrun's
+    exit code is left to its Popen. Whether torchrun runs workers is read from its children."""
     completed = subprocess.run(
         [sys.executable, "-c", ORPHANS], env=process_env(), capture_output=True, text=True, timeout=60
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    assert completed.stdout.split() == ["True", "True", "False"]
+    assert completed.stdout.split() == ["True", "True", "False", "1", "True", "False"]
 
 
 SIGNAL_CHAIN = b"""Traceback (most recent call last):

@@ -44,8 +44,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from trainer.checkpoint.location import open_store
 from trainer.config import ConfigError
 from trainer.config.argparsing import OneLineParser
@@ -54,7 +52,13 @@ from trainer.distributed.heartbeat import HEARTBEAT_DIR_ENV
 from trainer.distributed.liveness import serve_health
 from trainer.distributed.node_watch import STORE_LOST_FILE_ENV
 from trainer.distributed.recurrence import CRASH_DIR_ENV
-from trainer.launcher.process_tree import adopt_orphans, container_exit_code, reap_orphans, signal_tree
+from trainer.launcher.process_tree import (
+    adopt_orphans,
+    container_exit_code,
+    has_children,
+    reap_orphans,
+    signal_tree,
+)
 from trainer.launcher.rendezvous_host import (
     rendezvous_host,
     store_address,
@@ -240,7 +244,7 @@ def run_torchrun(
     try:
         while (code := process.poll()) is None:
             reap_orphans(keep=process.pid)
-            if line := waiting.look(_runs_workers(process.pid), time.monotonic()):
+            if line := waiting.look(has_children(process.pid), time.monotonic()):
                 _say(line)
             if fatal_file.exists() and not stopping:
                 signal_tree(process.pid)
@@ -260,14 +264,6 @@ def run_torchrun(
     if stopping:  # what a container stopped by that signal reports: retryable, never 0
         return 128 + stopping[0]
     return container_exit_code(code)
-
-
-def _runs_workers(pid: int) -> bool:
-    """Whether torchrun has worker processes (its children) now."""
-    try:
-        return bool(psutil.Process(pid).children())
-    except psutil.NoSuchProcess:
-        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
