@@ -42,7 +42,9 @@ from pathlib import Path
 import psutil
 import torch
 
-from trainer.checkpoint import Checkpointer, CheckpointWriter, open_store
+from trainer.checkpoint.location import open_store
+from trainer.checkpoint.manager import Checkpointer
+from trainer.checkpoint.writer import CheckpointWriter
 from trainer.config import CheckpointConfig
 
 MOTO = (
