@@ -50,7 +50,7 @@ demo: $(TRAINER)
 
 ## test: lint, then the whole suite (real torchrun processes on loopback), side by side where
 ## it is safe, then the tests that need the machine to themselves; its last line is its wall
-## time against its 20-minute budget (tests/suite.sh), failing past 1.5 times it
+## time against its 15-minute budget (tests/suite.sh), failing past 1.5 times it
 test: $(INSTALLED) $(CHECKOV) tools lint
 	@sh tests/suite.sh $(BIN)/pytest
 
