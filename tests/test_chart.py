@@ -126,6 +126,15 @@ def test_bad_nccl_values_are_refused_at_render(sets, named):
             "checkpoints.s3.existingSecret",
         ),
         ("metrics.podMonitor.enable=true", "metrics.podMonitor.enable: not a chart value; did you mean "),
+        (  # a name only the registry knows, checked without torch
+            "trainer.config.model.name=resnet50",
+            "trainer.config.model.name='resnet50': unknown model; allowed: cnn, mlp, transformer or "
+            "package.module:function",
+        ),
+        (
+            "trainer.config.data.name=digit",
+            "trainer.config.data.name='digit': unknown dataset; did you mean digits?",
+        ),
         (  # one section against another: what JSON schema cannot say
             "trainer.config.checkpoint.drain_timeout_s=700",
             "trainer.config.checkpoint.drain_timeout_s=700.0: must be at most half of dist.timeout_s",

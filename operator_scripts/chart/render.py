@@ -17,6 +17,7 @@ import yaml
 from operator_scripts.paths import CHART_DIR
 from trainer.config import Config, ConfigError, did_you_mean, from_tree
 from trainer.config.overrides import deep_merge
+from trainer.config.registry import DATASETS, MODELS
 
 VALUES_FILE, SCHEMA_FILE = CHART_DIR / "values.yaml", CHART_DIR / "values.schema.json"
 
@@ -91,11 +92,16 @@ def check_trainer_config(values: dict[str, Any]) -> None:
     """The trainer's own validation of `trainer.config` (the chart's defaults under
     `values`), before Helm renders: a typo or an out-of-range value is the trainer's line,
     did-you-mean included, and rules that JSON schema cannot say (one section's value
-    against another's) hold at install, not when a pod starts."""
+    against another's) hold at install, not when a pod starts. So do the model and dataset
+    names: a built-in's is known here without torch; a plug-in (`package.module:function`),
+    whose code is the image's or shipped to the pods, is checked in the pod."""
     defaults = yaml.safe_load(VALUES_FILE.read_text())["trainer"]["config"]
     given = (values.get("trainer") or {}).get("config") or {}
     try:
-        from_tree(deep_merge(defaults, given))
+        config = from_tree(deep_merge(defaults, given))
+        for registry, name in ((DATASETS, config.data.name), (MODELS, config.model.name)):
+            if ":" not in name:
+                registry.check(name)
     except ConfigError as error:
         raise ValuesError(f"trainer.config.{error}") from None
 
