@@ -1,13 +1,17 @@
 """The one-batch probe of model and data before any process group (trainer/loop/probe.py):
 a model that does not fit its data is one line naming both; one that fits passes, with its
-weights, gradients and the RNG as they were, also where the meta device cannot run it."""
+weights, gradients and the RNG as they were, also where the meta device cannot run it.
+`python -m trainer --check` runs it too, with the data built where the command runs."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 from torch import nn
 
+from trainer.cli import main
 from trainer.config import ConfigError, load_config
 from trainer.data import build_data
 from trainer.loop.probe import probe_plugins
@@ -60,3 +64,27 @@ def test_a_model_that_does_not_fit_its_data_is_one_line_naming_both(digits, mode
     shapes = "(inputs (32, 1, 8, 8) float32, targets (32,) int64)"
     assert line.startswith(f"model.name='cnn': one batch of data.name='digits' {shapes} "), line
     assert failure in line and "\n" not in line, line
+
+
+def test_check_builds_the_data_and_puts_a_batch_through_the_model_where_it_runs(tmp_path, capsys):
+    uri = tmp_path / "checkpoints"
+    assert main(["--config", "digits", "--set", f"checkpoint.uri={uri}", "--check"]) == 0
+    said = capsys.readouterr().out.strip()
+    data = r"data digits \([\d,]+ training samples, a batch through cnn\)"
+    expected = rf"trainer: configuration, {data} and {uri} are usable"
+    assert re.fullmatch(expected, said), said
+    # a model that cannot take the data is found by --check, not by the pods' first step
+    assert (
+        main(["--config", "digits", "--set", f"model.name=transformer,checkpoint.uri={uri}", "--check"]) == 2
+    )
+    assert "model.name='transformer': needs language_modeling data" in capsys.readouterr().err
+
+
+def test_check_refuses_a_data_path_that_is_not_there_and_leaves_one_in_s3_to_the_pods(tmp_path, capsys):
+    uri, missing = tmp_path / "checkpoints", tmp_path / "nowhere"
+    assert main(["--set", f"data.name=mnist,data.path={missing},checkpoint.uri={uri}", "--check"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"trainer: error: data.path='{missing}': "), line
+    settings = f"data.name=shards,data.path=s3://datasets/tokens,checkpoint.uri={uri}"
+    assert main(["--set", settings, "--check"]) == 0
+    assert "data shards (its s3://datasets/tokens is read and checked in the pods)" in capsys.readouterr().out

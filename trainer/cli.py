@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer.checkpoint.location import open_store
-from trainer.config import ConfigError, dump_yaml
+from trainer.config import Config, ConfigError, dump_yaml
 from trainer.distributed.process_group import read_env
-from trainer.run.lifecycle import train
+from trainer.run.lifecycle import build_and_probe, train
 from trainer.run.startup import report, validate
 
 
@@ -22,6 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args, config = validate(argv)
         if args.check:
+            data = checked_data(config)
             open_store(config.checkpoint).prepare()
     except ConfigError as error:
         return report(error, context)
@@ -29,6 +31,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(dump_yaml(config), end="")
         return 0
     if args.check:
-        print(f"trainer: configuration and {config.checkpoint.uri} are usable")
+        print(f"trainer: configuration, {data} and {config.checkpoint.uri} are usable")
         return 0
     return train(config, context)
+
+
+def checked_data(config: Config) -> str:
+    """What `--check` says of the data after building it here, as a rank would, with one
+    batch through the model on the CPU; a dataset in S3 is read by the pods, not here."""
+    if config.data.path.startswith("s3://"):
+        return f"data {config.data.name} (its {config.data.path} is read and checked in the pods)"
+    splits, _ = build_and_probe(config, 1, torch.device("cpu"))
+    model = config.model.name
+    return f"data {config.data.name} ({len(splits.train):,} training samples, a batch through {model})"

@@ -33,6 +33,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="check the config, plug-ins, device and that checkpoint.uri is writable, then exit",
+        help="check the config, plug-ins, device, the data with a batch through the model, and that "
+        "checkpoint.uri is writable, then exit",
     )
     return parser.parse_args(argv)

@@ -83,12 +83,8 @@ class Prepared:
 def prepare(config: Config, context: DistContext, stop: StopSignal) -> Prepared:
     """Build data and model and try them on one batch, then the store; rank 0 then takes
     the location (trainer.run.ownership). Raises ConfigError, holding no lease then."""
-    rng.seed_everything(config.seed)
-    splits = build_data(config.data, config.seed)
-    module = build_model(config.model, splits.spec)
-    steps_per_epoch(len(splits.train), config.train, context.world_size)
     device = select_device(config.train.device, context)
-    probe_plugins(config, splits, module, device)
+    splits, module = build_and_probe(config, context.world_size, device)
     checkpointer = Checkpointer(
         open_store(config.checkpoint), config.checkpoint.keep_last, cache_dir(config.checkpoint)
     )
@@ -96,6 +92,20 @@ def prepare(config: Config, context: DistContext, stop: StopSignal) -> Prepared:
         return Prepared(splits, module, device, Ownership(checkpointer))
     ownership = take_location(config, context.run_id, checkpointer, stop, config.dist.timeout_s / 2)
     return Prepared(splits, module, device, ownership)
+
+
+def build_and_probe(
+    config: Config, world_size: int, device: torch.device
+) -> tuple[DataSplits, torch.nn.Module]:
+    """Data and model built and one batch through them, as every rank does before it trains
+    and `--check` does where the data is: missing files, a model that does not fit its data
+    and too few samples for the world are one ConfigError here. Seeds the RNG."""
+    rng.seed_everything(config.seed)
+    splits = build_data(config.data, config.seed)
+    module = build_model(config.model, splits.spec)
+    steps_per_epoch(len(splits.train), config.train, world_size)
+    probe_plugins(config, splits, module, device)
+    return splits, module
 
 
 def cache_dir(config: CheckpointConfig) -> Path:
