@@ -5,6 +5,8 @@ plug-ins and a folder too large for a ConfigMap are each one line."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +20,8 @@ from operator_scripts.chart.code_bundle import CONFIGMAP_LIMIT, CodeError, code_
 from operator_scripts.chart.render import deep_merge, merge_values, render
 from operator_scripts.local.pods import LocalError, _config_map_contents, _projected
 from operator_scripts.local.run import run
-from trainer.config import ConfigError, DataConfig
+from trainer.config import ConfigError, DataConfig, plugin_errors
+from trainer.config.plugin_errors import PluginError, PluginIOError
 from trainer.config.registry import Registry
 
 EXAMPLE = REPO / "docs" / "examples" / "own-model"
@@ -93,6 +96,43 @@ def test_a_plugin_module_that_fails_as_it_imports_is_one_line(tmp_path, monkeypa
     )
 
 
+BUGGY_PLUGIN = """
+import json
+
+
+def build(config, seed):
+    return json.loads(config)  # a ValueError raised in json, called from line 6
+
+
+def needs_a_file(config, seed):
+    return open("/nonexistent/labels.csv")
+"""
+
+
+def test_a_plugins_exception_is_one_line_naming_its_line_and_an_io_error_is_retried(tmp_path, monkeypatch):
+    (tmp_path / "buggy_data.py").write_text(BUGGY_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(plugin_errors, "TRACEBACKS", tmp_path / "tracebacks")
+    registry = Registry("data.name", "dataset", ("config", "seed"), builtins={})
+    with pytest.raises(PluginError) as raised:  # a ConfigError: exit 2, no restart
+        registry.build("buggy_data:build", "{", 0)
+    where = f"{tmp_path / 'buggy_data.py'}:6 in build"  # the plug-in's line, not json's
+    traceback_file = tmp_path / "tracebacks" / f"data-name-{os.getpid()}.txt"
+    assert str(raised.value) == (
+        "data.name='buggy_data:build': raised JSONDecodeError: Expecting property name enclosed in "
+        f"double quotes: line 1 column 2 (char 1) at {where}; a bug in the plug-in, which a restart "
+        f"cannot fix (traceback in {traceback_file})"
+    )
+    assert "json/decoder.py" in traceback_file.read_text()  # the whole traceback, there
+    with pytest.raises(PluginIOError) as raised:
+        registry.build("buggy_data:needs_a_file", "{}", 0)
+    assert str(raised.value).startswith(
+        "data.name='buggy_data:needs_a_file': raised FileNotFoundError: [Errno 2] No such file or "
+        f"directory: '/nonexistent/labels.csv' at {tmp_path / 'buggy_data.py'}:10 in needs_a_file; "
+        "an I/O error, which the job's restarts retry (traceback in "
+    )
+
+
 def test_the_example_dataset_is_the_same_on_every_rank_and_split_by_the_config():
     # the example's own file, under a name of its own: a `wave_classifier` another test of this
     # process imported (a changed copy) is not the one under test
@@ -148,16 +188,37 @@ def test_a_shipped_model_of_the_wrong_type_fails_the_job_at_once(tmp_path):
     ), rank0[-2000:]
 
 
+SHAPE_BUG = (
+    "        nn.Flatten(),\n",
+    "",
+    re.escape(
+        "trainer: error: model.name='wave_classifier.model:build_model': one batch of "
+        "data.name='wave_classifier.data:build_dataset' (inputs (32, 1, 64) float32, targets (32,) int64) "
+        "fails in the forward: RuntimeError: mat1 and mat2 shapes cannot be multiplied (1024x1 and 32x4)"
+    ),
+)
+KEY_ERROR = (  # the commonest bug in one's own code: a setting the builder expects and nobody set
+    "    channels, layers = spec.input_shape[0], []\n",
+    '    channels, layers = spec.input_shape[0] * config.options["channels"], []\n',
+    r"trainer: error: model.name='wave_classifier.model:build_model': raised KeyError: 'channels' at "
+    r"\S+/wave_classifier/model.py:17 in build_model; a bug in the plug-in, which a restart cannot fix "
+    r"\(traceback in \S+\.txt\)",
+)
+
+
 @pytest.mark.slow
 @pytest.mark.alone  # its bound is the start-up of two pods, which a busy machine stretches
-def test_a_shipped_model_with_a_shape_bug_fails_in_one_line_before_any_step(tmp_path):
-    """The example without its Flatten: its last Linear meets (32, 32, 1), not (32, 32).
-    Tried on one batch before any process group, it is one line and exit 2 on each pod, and
-    the job Failed without a retry; measured here, from outside, as a user runs it."""
+@pytest.mark.parametrize(("line", "replacement", "said"), [SHAPE_BUG, KEY_ERROR], ids=["shape", "key-error"])
+def test_a_shipped_model_with_a_bug_fails_in_one_line_before_any_step(tmp_path, line, replacement, said):
+    """The example without its Flatten: its last Linear meets (32, 32, 1), not (32, 32); or
+    its builder reading a key nobody set. Tried before any process group, either is one line
+    and exit 2 on each pod, and the job Failed without a retry; measured here, from outside,
+    as a user runs it."""
     broken = tmp_path / "wave_classifier"
     shutil.copytree(PACKAGE, broken)
     model = broken / "model.py"
-    model.write_text(model.read_text().replace("        nn.Flatten(),\n", ""))
+    assert line in model.read_text()
+    model.write_text(model.read_text().replace(line, replacement))
     started = time.monotonic()
     completed = subprocess.run(
         [sys.executable, "-m", "operator_scripts.cli", "local", "--code", str(broken), "-f", str(CPU_VALUES),
@@ -172,9 +233,5 @@ def test_a_shipped_model_with_a_shape_bug_fails_in_one_line_before_any_step(tmp_
     assert elapsed < 30, output
     rank0 = (tmp_path / "pods" / "ddp-run-ddp-trainer-worker-0" / "pytorch.log").read_text()
     assert "Traceback" not in rank0, rank0[-3000:]
-    (line,) = [line for line in rank0.splitlines() if "trainer: error:" in line]
-    assert line == (
-        "trainer: error: model.name='wave_classifier.model:build_model': one batch of "
-        "data.name='wave_classifier.data:build_dataset' (inputs (32, 1, 64) float32, targets (32,) int64) "
-        "fails in the forward: RuntimeError: mat1 and mat2 shapes cannot be multiplied (1024x1 and 32x4)"
-    ), rank0[-3000:]
+    (error,) = [line for line in rank0.splitlines() if "trainer: error:" in line]
+    assert re.fullmatch(said, error), error

@@ -5,14 +5,17 @@ weights, gradients and the RNG as they were, also where the meta device cannot r
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from trainer.cli import main
-from trainer.config import ConfigError, load_config
+from trainer.config import ConfigError, load_config, plugin_errors
+from trainer.config.plugin_errors import PluginError
 from trainer.data import build_data
 from trainer.loop.probe import probe_plugins
 
@@ -88,3 +91,26 @@ def test_check_refuses_a_data_path_that_is_not_there_and_leaves_one_in_s3_to_the
     settings = f"data.name=shards,data.path=s3://datasets/tokens,checkpoint.uri={uri}"
     assert main(["--set", settings, "--check"]) == 0
     assert "data shards (its s3://datasets/tokens is read and checked in the pods)" in capsys.readouterr().out
+
+
+class RaisingOnRead(Dataset):
+    """A plug-in dataset whose reading fails: the commonest bug, a key its samples lack."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return {"image": torch.zeros(64)}["label"]
+
+
+def test_a_plugin_datasets_first_read_that_raises_is_one_line_naming_its_line(digits, tmp_path, monkeypatch):
+    monkeypatch.setattr(plugin_errors, "TRACEBACKS", tmp_path)
+    config = load_config("digits", ["data.name=my_data:build"])
+    splits = dataclasses.replace(digits[1], val=RaisingOnRead())
+    with pytest.raises(PluginError) as raised:
+        probe_plugins(config, splits, nn.Linear(64, 10), CPU)
+    assert re.fullmatch(
+        r"data.name='my_data:build': raised KeyError: 'label' at \S+/tests/test_probe.py:\d+ in __getitem__; "
+        r"a bug in the plug-in, which a restart cannot fix \(traceback in \S+\)",
+        str(raised.value),
+    )

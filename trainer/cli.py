@@ -12,9 +12,10 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer.checkpoint.location import open_store
 from trainer.config import Config, ConfigError, dump_yaml
+from trainer.config.plugin_errors import PluginIOError
 from trainer.distributed.process_group import read_env
 from trainer.run.lifecycle import build_and_probe, train
-from trainer.run.startup import report, validate
+from trainer.run.startup import EXIT_PEER_LOST, report, say, validate
 
 
 @record
@@ -27,6 +28,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             open_store(config.checkpoint).prepare()
     except ConfigError as error:
         return report(error, context)
+    except PluginIOError as error:
+        say(error, context)
+        return EXIT_PEER_LOST
     if args.print_config:
         print(dump_yaml(config), end="")
         return 0

@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Generic, TypeVar
 
 from trainer.config import ConfigError, did_you_mean
+from trainer.config.plugin_errors import plugin_failure
 
 Builder = TypeVar("Builder", bound=Callable)
 
@@ -35,6 +36,20 @@ class Registry(Generic[Builder]):
         """What `resolve` would refuse, without importing a built-in; a ConfigError."""
         if name not in self._builtins:
             self.resolve(name)
+
+    def build(self, name: str, *arguments: object) -> object:
+        """What the builder for `name` returns. An exception raised in a plug-in's own code
+        is one line naming where (PluginError, or PluginIOError for an OSError); a built-in's
+        is this project's bug, and keeps its traceback."""
+        builder = self.resolve(name)
+        if name in self._builtins:
+            return builder(*arguments)
+        try:
+            return builder(*arguments)
+        except ConfigError:  # the plug-in's own one line (a DataError, say)
+            raise
+        except Exception as error:
+            raise plugin_failure(self.key, name, error) from error
 
     def resolve(self, name: str) -> Builder:
         """The builder for `name`, or a ConfigError naming the key and the allowed values."""

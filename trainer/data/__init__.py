@@ -19,7 +19,7 @@ __all__ = [
 
 def build_data(config, seed: int) -> DataSplits:
     """The configured dataset's splits; plug-ins are `package.module:function(config, seed)`."""
-    splits = DATASETS.resolve(config.name)(config, seed)
+    splits = DATASETS.build(config.name, config, seed)
     if not isinstance(splits, DataSplits):
         raise DataError("data.name", config.name, "a dataset builder must return DataSplits")
     if len(splits.train) == 0 or len(splits.val) == 0:

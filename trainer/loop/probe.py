@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from trainer.config import Config, ConfigError
+from trainer.config.plugin_errors import plugin_failure
 from trainer.data.base import DataSplits
 from trainer.loop.objective import training_loss
 from trainer.loop.step import autocast_for
@@ -67,7 +68,14 @@ def first_batch(config: Config, splits: DataSplits) -> tuple[torch.Tensor, torch
     """A training batch as the loader collates it, from the first validation sample:
     reading that has no side effect that validation would not have, where the training
     split may record its reads or plan what to fetch."""
-    sample = splits.val[0]
+    try:
+        sample = splits.val[0]
+    except ConfigError:
+        raise
+    except Exception as error:  # the plug-in dataset's own code: one line, as a builder's
+        if ":" not in config.data.name:
+            raise
+        raise plugin_failure("data.name", config.data.name, error) from error
     try:
         inputs, targets = default_collate([sample])
     except (TypeError, ValueError, RuntimeError) as error:

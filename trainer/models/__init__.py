@@ -11,7 +11,7 @@ __all__ = ["MODELS", "build_model"]
 
 def build_model(config: ModelConfig, spec: DataSpec) -> nn.Module:
     """The configured model; plug-ins are `package.module:function(model_config, data_spec)`."""
-    model = MODELS.resolve(config.name)(config, spec)
+    model = MODELS.build(config.name, config, spec)
     if not isinstance(model, nn.Module):
         raise ConfigError("model.name", config.name, "a model builder must return a torch.nn.Module")
     return model

@@ -20,6 +20,7 @@ from trainer.checkpoint.location import open_store
 from trainer.checkpoint.manager import Checkpointer
 from trainer.checkpoint.writer_start import WriterHandle, spawn_writer
 from trainer.config import CheckpointConfig, Config, ConfigError
+from trainer.config.plugin_errors import PluginIOError
 from trainer.data import DataSplits, build_data
 from trainer.distributed.heartbeat import Heartbeat, heartbeat_dir
 from trainer.distributed.node_watch import start_node_watch
@@ -33,7 +34,7 @@ from trainer.loop.preemption import LEASE_LOST, Stopped, StopSignal
 from trainer.loop.probe import probe_plugins
 from trainer.models import build_model
 from trainer.run.ownership import Ownership, lease_lost, take_location
-from trainer.run.startup import EXIT_PEER_LOST, report
+from trainer.run.startup import EXIT_PEER_LOST, report, say
 from trainer.telemetry.log import setup_logging
 from trainer.telemetry.metrics import prepare_multiprocess_dir, start_metrics
 
@@ -61,6 +62,9 @@ def train(config: Config, context: DistContext) -> int:
             check_recurrence(context.rank, Crash.of(error, heartbeat.step, heartbeat.phase_name))
         except RecurringCrash as recurring:
             return report(recurring, context)
+        if isinstance(error, PluginIOError):  # one line; the job's restarts retry it
+            say(error, context)
+            return EXIT_PEER_LOST
         raise
     finally:
         heartbeat.close()

@@ -55,14 +55,20 @@ def check_environment(config: Config) -> None:
             raise ConfigError("train.amp", amp, "fp16 needs a CUDA device; use bf16 or off on CPU")
 
 
-def report(error: ConfigError | RecurringCrash, context: DistContext) -> int:
+def say(error: Exception, context: DistContext) -> str:
     """One line on stderr (rank-prefixed off rank 0), once for this node's ranks that fail
-    the same way, and the launcher told not to retry. The node's first rank says it,
-    unprefixed on rank 0, unless it has not within half a second: the error is another's."""
+    the same way. The node's first rank says it, unprefixed on rank 0, unless it has not
+    within half a second: the error is another's. Returns the line."""
     prefix = "" if context.is_main else f"[rank {context.rank}] "
     line = f"{prefix}trainer: error: {error}"
     if first_to_say(str(error), defer_s=0 if context.is_node_main else SECOND_VOICE_S):
         write_line(line)  # one write, so ranks sharing a pipe cannot interleave it
+    return line
+
+
+def report(error: ConfigError | RecurringCrash, context: DistContext) -> int:
+    """`say` it, and tell the launcher not to retry: exit 2."""
+    line = say(error, context)
     if FATAL_FILE_ENV in os.environ:
         with contextlib.suppress(OSError):
             Path(os.environ[FATAL_FILE_ENV]).write_text(line + "\n")
