@@ -117,7 +117,7 @@ def test_a_plugins_exception_is_one_line_naming_its_line_and_an_io_error_is_retr
     with pytest.raises(PluginError) as raised:  # a ConfigError: exit 2, no restart
         registry.build("buggy_data:build", "{", 0)
     where = f"{tmp_path / 'buggy_data.py'}:6 in build"  # the plug-in's line, not json's
-    traceback_file = tmp_path / "tracebacks" / f"data-name-{os.getpid()}.txt"
+    traceback_file = tmp_path / "tracebacks" / f"data-name-rank{os.environ.get('RANK', '0')}.txt"
     assert str(raised.value) == (
         "data.name='buggy_data:build': raised JSONDecodeError: Expecting property name enclosed in "
         f"double quotes: line 1 column 2 (char 1) at {where}; a bug in the plug-in, which a restart "

@@ -51,8 +51,10 @@ def _where(error: Exception) -> str:
 
 
 def _save_traceback(key: str, error: Exception) -> str:
-    """The traceback in a file of this process's; what the line says of it."""
-    path = TRACEBACKS / f"{key.replace('.', '-')}-{os.getpid()}.txt"
+    """The traceback in this rank's file, what the line says of it. Named by rank, not by
+    process: a restart's same error is then the same line, which the recurrence check
+    (trainer/distributed/recurrence.py) finds permanent."""
+    path = TRACEBACKS / f"{key.replace('.', '-')}-rank{os.environ.get('RANK', '0')}.txt"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(traceback.format_exception(error)))
