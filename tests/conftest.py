@@ -134,8 +134,6 @@ LOCAL_PODS = (
     "tests/test_cli.py::test_local_command_runs_the_cpu_scenario",
 )
 OWN_NETWORK = "own_network"
-DURATIONS = Path(__file__).with_name("durations.json")
-NEW_SLOW_S = 20.0  # a multi-process test not yet on record: about the median of those that are
 NAMESPACE_FILES = pytest.StashKey[Path]()
 
 
@@ -152,19 +150,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest tests first, by the durations on record (`tests/durations.json`, written
-    by `RECORD_DURATIONS=1 make test`; a test not yet there by its marks): on xdist the
-    short ones then fill the last minutes, where a long test handed out late would run on
-    alone with the other cores idle. Ties keep collection order."""
-    recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    """The longest tests first (a raised timeout, then the multi-process `slow` ones), in
+    collection order otherwise: on xdist the one-process tests then fill the last minutes,
+    where a multi-process test handed out late would run on alone with the other cores idle."""
 
-    def expected_s(item: pytest.Item) -> float:
-        if item.nodeid in recorded:
-            return recorded[item.nodeid]
+    def expected_length(item: pytest.Item) -> tuple[float, bool]:
         raised = item.get_closest_marker("timeout")
-        return raised.args[0] / 4 if raised else NEW_SLOW_S if item.get_closest_marker("slow") else 0.0
+        return -(raised.args[0] if raised else 0), item.get_closest_marker("slow") is None
 
-    items.sort(key=lambda item: -expected_s(item))
+    items.sort(key=expected_length)
 
 
 @pytest.hookimpl(optionalhook=True)
