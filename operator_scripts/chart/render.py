@@ -100,7 +100,7 @@ def check_trainer_config(values: dict[str, Any]) -> None:
     try:
         config = from_tree(deep_merge(defaults, given))
         for registry, name in ((DATASETS, config.data.name), (MODELS, config.model.name)):
-            if ":" not in name:
+            if not registry.is_plugin(name):
                 registry.check(name)
     except ConfigError as error:
         raise ValuesError(f"trainer.config.{error}") from None

@@ -15,6 +15,8 @@ import os
 import sysconfig
 import tempfile
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from trainer.config.schema import ConfigError
@@ -31,6 +33,18 @@ class PluginError(ConfigError):
 
 class PluginIOError(Exception):
     """A plug-in's code raised an OSError while it built: worth the job's restarts."""
+
+
+@contextmanager
+def raised_by_plugin(key: str, name: str) -> Iterator[None]:
+    """Around a call into the plug-in `name` (config key `key`): an exception its code
+    raises leaves as its one line; its own ConfigError (a DataError, say) already is one."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as error:
+        raise plugin_failure(key, name, error) from error
 
 
 def plugin_failure(key: str, name: str, error: Exception) -> PluginError | PluginIOError:

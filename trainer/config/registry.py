@@ -10,11 +10,12 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
+from contextlib import nullcontext
 from types import ModuleType
 from typing import Generic, TypeVar
 
 from trainer.config import ConfigError, did_you_mean
-from trainer.config.plugin_errors import plugin_failure
+from trainer.config.plugin_errors import raised_by_plugin
 
 Builder = TypeVar("Builder", bound=Callable)
 
@@ -32,6 +33,10 @@ class Registry(Generic[Builder]):
     def names(self) -> list[str]:
         return sorted(self._builtins)
 
+    def is_plugin(self, name: str) -> bool:
+        """Whether `name` is a plug-in's `module:attribute`: the user's code, not ours."""
+        return name not in self._builtins and ":" in name
+
     def check(self, name: str) -> None:
         """What `resolve` would refuse, without importing a built-in; a ConfigError."""
         if name not in self._builtins:
@@ -42,14 +47,8 @@ class Registry(Generic[Builder]):
         is one line naming where (PluginError, or PluginIOError for an OSError); a built-in's
         is this project's bug, and keeps its traceback."""
         builder = self.resolve(name)
-        if name in self._builtins:
+        with raised_by_plugin(self.key, name) if self.is_plugin(name) else nullcontext():
             return builder(*arguments)
-        try:
-            return builder(*arguments)
-        except ConfigError:  # the plug-in's own one line (a DataError, say)
-            raise
-        except Exception as error:
-            raise plugin_failure(self.key, name, error) from error
 
     def resolve(self, name: str) -> Builder:
         """The builder for `name`, or a ConfigError naming the key and the allowed values."""

@@ -53,12 +53,12 @@ from trainer.config import WatchdogConfig
 from trainer.distributed.elastic_bounds import describe, node_bounds
 from trainer.distributed.heartbeat import DONE, Heartbeat, read_records
 
-KEY_PREFIX = "ddp-node-progress/"
 if TYPE_CHECKING:  # torch is imported where a watch starts: ddp-launch reads STORE_LOST_FILE_ENV torch-free
     import torch.distributed as dist
 
     from trainer.distributed.process_group import DistContext
 
+KEY_PREFIX = "ddp-node-progress/"
 EXIT_NODE_LOST = 1  # a failure: torchrun restarts the workers while it has restarts left
 STORE_LOST_FILE_ENV = "TRAINER_STORE_LOST_FILE"  # set by ddp-launch: where to say the store's host is lost
 
