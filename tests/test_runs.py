@@ -7,6 +7,7 @@ import json
 import math
 import os
 import pty
+import shutil
 import struct
 import subprocess
 import sys
@@ -369,23 +370,33 @@ def read_indices(folder: Path) -> dict[str, list[int]]:
     }
 
 
-@pytest.mark.slow
-def test_mid_epoch_resume_continues_the_epoch_order(workdir):
-    """Stop at step 25 (mid epoch 2 of 19-step epochs), resume to 38: each rank reads
-    exactly the samples, in the order, that an uninterrupted run to 38 reads."""
+def files(root: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(root)): path.read_bytes() for path in root.rglob("*") if path.is_file()}
 
-    def run(record: str, uri: str, steps: int):
+
+@pytest.mark.slow
+def test_mid_epoch_resume_continues_the_epoch_order_and_other_data_is_refused_or_starts_it_again(workdir):
+    """Stop at step 25 (mid epoch 2 of 19-step epochs), resume to 38: each rank reads
+    exactly the samples, in the order, that an uninterrupted run to 38 reads. The same
+    checkpoint on re-split data (as many samples, other ones) is refused in one line before
+    any read; with data.on_change=restart_epoch, epoch 2 is read again from its start."""
+
+    def overrides(record: str, uri: str, steps: int) -> str:
         (workdir / record).mkdir(exist_ok=True)
-        overrides = (
+        return (
             f"data.name=plugins:recording_digits,data.options.record_dir={workdir / record},"
             f"checkpoint.uri={uri},train.max_steps={steps},optim.schedule=constant"
         )
-        completed = run_torchrun(["--config", "digits", "--set", overrides], workdir)
+
+    def run(record: str, uri: str, steps: int, more: str = ""):
+        args = ["--config", "digits", "--set", overrides(record, uri, steps) + more]
+        completed = run_torchrun(args, workdir)
         assert completed.returncode == 0, completed.stderr[-3000:]
         return completed
 
     run("whole", "whole", 38)
     run("first", "split", 25)
+    shutil.copytree(workdir / "split", workdir / "resplit")
     second = run("second", "split", 38)
     assert "resumed from step 25" in second.stdout
 
@@ -399,6 +410,29 @@ def test_mid_epoch_resume_continues_the_epoch_order(workdir):
     per_step = 32
     epoch_two = [i for rank in ("rank0", "rank1") for i in first[rank][19 * per_step :] + rest[rank]]
     assert len(epoch_two) == len(set(epoch_two)) == 19 * 64
+
+    saved = files(workdir / "resplit")
+    resplit = overrides("refused", "resplit", 38) + ",data.split_seed=1"
+    refused = run_trainer(["--config", "digits", "--set", resplit], workdir)
+    assert refused.returncode == 2
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith(
+        "trainer: error: data.name='plugins:recording_digits': step 25 in resplit was trained on other "
+        "data (samples sha256 "
+    )
+    assert "data.split_seed 0 -> 1" in line and "set data.on_change=restart_epoch" in line
+    assert line.endswith("set checkpoint.uri elsewhere to start a new run (or remove resplit)")
+    assert read_indices(workdir / "refused") == {} and files(workdir / "resplit") == saved
+
+    again = run("again", "resplit", 38, ",data.split_seed=1,data.on_change=restart_epoch")
+    seen = (25 - 19) * 64  # epoch 2's samples that steps 20 to 25 trained on
+    restarted = "epoch 2 starts again from its beginning on this data (data.on_change=restart_epoch)"
+    assert f"{restarted}; {seen} of its samples had been trained on" in again.stdout
+    for rank, indices in read_indices(workdir / "again").items():
+        assert indices == whole[rank][19 * per_step : (19 + 13) * per_step]
+    recorded = load_checkpoint(workdir / "resplit")["data"]
+    assert recorded["split_seed"] == 1
+    assert recorded["content"] != load_checkpoint(workdir / "split")["data"]["content"]
 
 
 @pytest.mark.slow

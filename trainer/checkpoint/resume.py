@@ -15,8 +15,9 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from trainer.checkpoint.manager import Checkpointer, CheckpointError
-from trainer.config import Config, to_tree
-from trainer.distributed.process_group import DistContext
+from trainer.config import Config, DataConfig, to_tree
+from trainer.data.identity import DataIdentity
+from trainer.distributed.process_group import DistContext, broadcast_object
 
 T = TypeVar("T")
 
@@ -112,3 +113,44 @@ def config_changes(saved: dict[str, Any], config: Config, step: int, uri: str) -
                 f"change: resume with {key}={before[key]!r}, or start over in another checkpoint.uri",
             )
     return [f"{key} {before[key]!r} -> {now[key]!r}" for key in changed if key.startswith(REPORTED)]
+
+
+def decided_by_rank0(context: DistContext, decide: Callable[[], T]) -> T:
+    """`decide()` on rank 0, its value or its CheckpointError seen by every rank alike."""
+    outcome: Any = None
+    if context.is_main:
+        try:
+            outcome = decide()
+        except CheckpointError as error:
+            outcome = error
+    outcome = broadcast_object(outcome)
+    if isinstance(outcome, CheckpointError):
+        raise outcome
+    return outcome
+
+
+def data_changes(
+    saved: dict[str, Any] | None, now: DataIdentity, config: DataConfig, step: int, epoch: int, uri: str
+) -> list[str]:
+    """What differs from the data `step` was trained on (`trainer.data.identity`), in
+    epoch `epoch` (from 1): empty for the same data; a CheckpointError under
+    `data.on_change=refuse`, which names the ways on."""
+    if saved is None:  # written before checkpoints recorded their data: nothing to compare
+        return []
+    differences = now.differences(DataIdentity.from_tree(saved))
+    if differences and config.on_change == "refuse":
+        key, value = ("data.path", config.path) if config.path else ("data.name", config.name)
+        raise CheckpointError(
+            key,
+            value,
+            f"step {step} in {uri} was trained on other data ({'; '.join(differences)}): restore "
+            f"that data to resume exactly, set data.on_change=restart_epoch to keep the weights and "
+            f"train epoch {epoch} again from its start on this data, or {new_run(uri)}",
+        )
+    return differences
+
+
+def new_run(uri: str) -> str:
+    """How to start a new run instead: another location; on a laptop's folder, also its removal."""
+    local = "://" not in uri or uri.startswith("file://")
+    return "set checkpoint.uri elsewhere to start a new run" + (f" (or remove {uri})" if local else "")

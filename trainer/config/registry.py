@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from types import ModuleType
 from typing import Generic, TypeVar
 
@@ -47,8 +47,13 @@ class Registry(Generic[Builder]):
         is one line naming where (PluginError, or PluginIOError for an OSError); a built-in's
         is this project's bug, and keeps its traceback."""
         builder = self.resolve(name)
-        with raised_by_plugin(self.key, name) if self.is_plugin(name) else nullcontext():
+        with self.calling(name):
             return builder(*arguments)
+
+    def calling(self, name: str) -> AbstractContextManager[None]:
+        """Around any call into the code behind `name`: a plug-in's exception leaves as its
+        one line (`raised_by_plugin`), a built-in's as it is."""
+        return raised_by_plugin(self.key, name) if self.is_plugin(name) else nullcontext()
 
     def resolve(self, name: str) -> Builder:
         """The builder for `name`, or a ConfigError naming the key and the allowed values."""

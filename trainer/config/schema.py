@@ -70,7 +70,9 @@ class ShardsConfig:
 
 @dataclass(config=_SECTION)
 class DataConfig:
-    """Which dataset, how it is split and how it is loaded."""
+    """Which dataset, how it is split and how it is loaded; `on_change`: what a resume does
+    when the checkpoint was trained on other data (`trainer.data.identity`): `refuse` to go
+    on, or `restart_epoch`, the interrupted epoch again from its start on this data."""
 
     name: str = "digits"
     path: str = ""
@@ -84,6 +86,7 @@ class DataConfig:
     synthetic: SyntheticConfig = dataclasses.field(default_factory=SyntheticConfig)
     shards: ShardsConfig = dataclasses.field(default_factory=ShardsConfig)
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    on_change: Literal["refuse", "restart_epoch"] = "refuse"
 
 
 @dataclass(config=_SECTION)

@@ -32,6 +32,7 @@ class RunFacts:
     checkpoint_uri: str
     epoch: int  # the epoch the run starts in, from 1
     snapshot_every: int
+    epoch_restarted_after: int | None  # samples of the epoch seen before its data changed
 
 
 def announce_start(
@@ -105,5 +106,6 @@ def announce_start(
             "checkpoint_every_steps": config.checkpoint.every_steps,
             "snapshot_every_steps": facts.snapshot_every or None,
             "recovery_lost_steps": point and point.lost_steps,
+            "epoch_restarted_after": facts.epoch_restarted_after,
         }
     )

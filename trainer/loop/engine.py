@@ -21,19 +21,19 @@ from trainer.checkpoint.recovery import ResumePoint
 from trainer.checkpoint.writer_start import WriterHandle
 from trainer.config import Config
 from trainer.data import DataSplits, train_loader
+from trainer.data.identity import DataIdentity
 from trainer.distributed import heartbeat as phases
 from trainer.distributed.heartbeat import Heartbeat
 from trainer.distributed.process_group import DistContext, broadcast_flag, broadcast_object
 from trainer.loop.banner import RunFacts, announce_start
 from trainer.loop.checkpoint_policy import CheckpointPolicy
-from trainer.loop.ddp import PowerSGDCheckpoint, wrap
-from trainer.loop.early_stopping import EarlyStopping
+from trainer.loop.ddp import wrap
 from trainer.loop.evaluate import Evaluator
 from trainer.loop.optim import LRSchedule, batch_math, build_optimizer
 from trainer.loop.plan import Progress, finished, plan, steps_per_epoch
 from trainer.loop.preemption import LEASE_LOST, Stopped, StopSignal
 from trainer.loop.step import train_step
-from trainer.loop.training_state import TrainingState
+from trainer.loop.training_state import Restored, TrainingState
 from trainer.telemetry.log import event
 from trainer.telemetry.metrics import Metrics, peak_flops
 from trainer.telemetry.progress import (
@@ -56,6 +56,7 @@ class Trainer:
         context: DistContext,
         device: torch.device,
         splits: DataSplits,
+        data: DataIdentity,
         module: nn.Module,
         checkpointer: Checkpointer,
         logger: logging.Logger,
@@ -87,11 +88,9 @@ class Trainer:
         self.module = module.to(device)
         self.math = batch_math(config.train, config.optim, context.world_size)
         self.optimizer = build_optimizer(self.module, config.optim, self.math.lr)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=config.train.amp == "fp16")
-        self.stopper = EarlyStopping(config.train.early_stopping)
         self.evaluator = Evaluator(self.module, splits, config, context, device, heartbeat, metrics, logger)
-        self.powersgd = PowerSGDCheckpoint.of(config.ddp, config.seed)
-        self.state = TrainingState(self.module, self.optimizer, self.scaler, self.stopper, self.powersgd)
+        self.state = TrainingState.of(self.module, self.optimizer, config, device, data)
+        self.scaler, self.stopper, self.powersgd = self.state.scaler, self.state.stopper, self.state.powersgd
         self.loader = train_loader(
             splits.train,
             config.data,
@@ -110,7 +109,7 @@ class Trainer:
         self.schedule: LRSchedule | None = None
         self.lr = self.math.lr
         self.resume_point: ResumePoint | None = None
-        self.resume_notes: list[str] = []
+        self.restored = Restored(self.progress)  # what a resume loaded and changed
         self.model: DistributedDataParallel | None = None
         self.clock = clock_for(device)
         self.grad_norm: torch.Tensor | None = None
@@ -156,7 +155,7 @@ class Trainer:
             self.math,
             self._facts(),
             self.resume_point,
-            self.resume_notes,
+            self.restored.notes,
         )
         started = time.perf_counter()
         if self._finished():
@@ -208,6 +207,7 @@ class Trainer:
             checkpoint_uri=self.checkpointer.store.uri,
             epoch=self.progress.epoch + 1,
             snapshot_every=self.checkpoints.snapshot_every,
+            epoch_restarted_after=self.restored.epoch_restarted_after,
         )
 
     # ----- training ----------------------------------------------------------------------
@@ -395,5 +395,5 @@ class Trainer:
         """Load the newest intact step of the snapshots and the store on every rank."""
         found = self.checkpoints.restore(self.state, self.config, self.solo_budget_s)
         if found is not None:
-            self.resume_point, restored = found
-            self.progress, self.resume_notes = restored.progress, restored.notes
+            self.resume_point, self.restored = found
+            self.progress = self.restored.progress

@@ -22,7 +22,6 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from trainer.config import Config, ConfigError
-from trainer.config.plugin_errors import raised_by_plugin
 from trainer.config.registry import DATASETS
 from trainer.data.base import DataSplits
 from trainer.loop.objective import training_loss
@@ -69,8 +68,7 @@ def first_batch(config: Config, splits: DataSplits) -> tuple[torch.Tensor, torch
     """A training batch as the loader collates it, from the first validation sample:
     reading that has no side effect that validation would not have, where the training
     split may record its reads or plan what to fetch."""
-    name = config.data.name
-    with raised_by_plugin(DATASETS.key, name) if DATASETS.is_plugin(name) else nullcontext():
+    with DATASETS.calling(config.data.name):
         sample = splits.val[0]  # a plug-in dataset's own code: one line, as its builder's
     try:
         inputs, targets = default_collate([sample])

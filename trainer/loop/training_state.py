@@ -1,7 +1,7 @@
 """What a checkpoint of a run holds, written and read in one place so that the two agree:
 the weights (no `module.` prefix), optimizer, scaler, early stopping, progress, every
-rank's RNG streams, PowerSGD's state where it runs, the config and the world size it was
-saved at."""
+rank's RNG streams, PowerSGD's state where it runs, the config, the world size it was
+saved at and the identity of the data it was trained on."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from torch import nn
 
 from trainer.checkpoint import rng
 from trainer.checkpoint.manager import CheckpointError
-from trainer.checkpoint.resume import config_changes
+from trainer.checkpoint.resume import config_changes, data_changes, decided_by_rank0
 from trainer.config import Config, OptimConfig, from_tree, to_tree
+from trainer.data.identity import DataIdentity
 from trainer.distributed.process_group import DistContext
 from trainer.loop.ddp import PowerSGDCheckpoint
 from trainer.loop.early_stopping import EarlyStopping
@@ -28,6 +29,7 @@ class Restored:
 
     progress: Progress
     notes: list[str] = field(default_factory=list)
+    epoch_restarted_after: int | None = None  # samples of the epoch seen before its data changed
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,23 @@ class TrainingState:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     stopper: EarlyStopping
+    data: DataIdentity
     powersgd: PowerSGDCheckpoint | None = None
+
+    @classmethod
+    def of(
+        cls,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: Config,
+        device: torch.device,
+        data: DataIdentity,
+    ) -> TrainingState:
+        """The state of a run about to start: a scaler if fp16 runs, early stopping and
+        PowerSGD as configured."""
+        scaler = torch.amp.GradScaler(device.type, enabled=config.train.amp == "fp16")
+        stopper = EarlyStopping(config.train.early_stopping)
+        return cls(module, optimizer, scaler, stopper, data, PowerSGDCheckpoint.of(config.ddp, config.seed))
 
     def size_bytes(self, optim: OptimConfig, world_size: int) -> int:
         """The size of a saved state: weights and buffers, and the optimizer's per-parameter
@@ -71,6 +89,7 @@ class TrainingState:
             "rng": rng_states,
             "config": to_tree(config),
             "world_size": world_size,
+            "data": self.data.as_tree(),
         }
 
     def load(
@@ -78,8 +97,14 @@ class TrainingState:
     ) -> Restored:
         """Load the tree saved at `step` into every part and this rank's RNG streams. The LR
         is not restored but derived from the progress (see `trainer.loop.plan`); changed
-        settings are applied and reported, or refused (CheckpointError)."""
+        settings are applied and reported, or refused (CheckpointError), as other data is
+        (`data.on_change`: refused, or the interrupted epoch started again)."""
         changes = config_changes(state["config"], config, step, uri)
+        epoch = state["progress"]["epoch"] + 1
+        saved_data = state.get("data")
+        data_changed = decided_by_rank0(
+            context, lambda: data_changes(saved_data, self.data, config.data, step, epoch, uri)
+        )
         try:
             self.module.load_state_dict(state["model"])
         except RuntimeError as error:
@@ -104,6 +129,16 @@ class TrainingState:
         else:
             rng.seed_everything(config.seed + 1_000_003 * (step + 1) + context.rank)
         notes = [f"changed since step {step}, applied: {change}" for change in changes]
+        if saved_data is None:
+            notes.append(f"step {step} does not record its data (an older checkpoint): it is not compared")
+        restarted_after = None
+        if data_changed:
+            restarted_after, progress.epoch_position = progress.epoch_position, 0
+            notes.append(
+                f"the data changed since step {step} ({'; '.join(data_changed)}): epoch {epoch} "
+                f"starts again from its beginning on this data (data.on_change=restart_epoch); "
+                f"{restarted_after} of its samples had been trained on"
+            )
         if self.powersgd is not None and "powersgd" in state:
             device = next(self.module.parameters()).device
             self.powersgd.load(state["powersgd"], context.rank if same_world else None, device)
@@ -118,4 +153,4 @@ class TrainingState:
                 f"{saved.global_batch}, lr {saved.lr:.6g}; this run trains at world size "
                 f"{context.world_size}, global batch {now.global_batch}, lr {now.lr:.6g}"
             )
-        return Restored(progress, notes)
+        return Restored(progress, notes, restarted_after)

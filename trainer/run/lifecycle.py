@@ -22,6 +22,7 @@ from trainer.checkpoint.writer_start import WriterHandle, spawn_writer
 from trainer.config import CheckpointConfig, Config, ConfigError
 from trainer.config.plugin_errors import PluginIOError
 from trainer.data import DataSplits, build_data
+from trainer.data.identity import DataIdentity, identify
 from trainer.distributed.heartbeat import Heartbeat, heartbeat_dir
 from trainer.distributed.node_watch import start_node_watch
 from trainer.distributed.process_group import DistContext, peer_lost, process_group, select_device
@@ -75,10 +76,11 @@ def train(config: Config, context: DistContext) -> int:
 
 @dataclass
 class Prepared:
-    """What a run builds before its process group: data, model (tried on one batch), the
-    device, the store, and rank 0's hold on the location."""
+    """What a run builds before its process group: data and its identity, model (tried on
+    one batch), the device, the store, and rank 0's hold on the location."""
 
     splits: DataSplits
+    data: DataIdentity
     module: torch.nn.Module
     device: torch.device
     ownership: Ownership
@@ -89,13 +91,14 @@ def prepare(config: Config, context: DistContext, stop: StopSignal) -> Prepared:
     the location (trainer.run.ownership). Raises ConfigError, holding no lease then."""
     device = select_device(config.train.device, context)
     splits, module = build_and_probe(config, context.world_size, device)
+    data = identify(config.data, splits)
     checkpointer = Checkpointer(
         open_store(config.checkpoint), config.checkpoint.keep_last, cache_dir(config.checkpoint)
     )
     if not context.is_main:
-        return Prepared(splits, module, device, Ownership(checkpointer))
+        return Prepared(splits, data, module, device, Ownership(checkpointer))
     ownership = take_location(config, context.run_id, checkpointer, stop, config.dist.timeout_s / 2)
-    return Prepared(splits, module, device, ownership)
+    return Prepared(splits, data, module, device, ownership)
 
 
 def build_and_probe(
@@ -165,6 +168,7 @@ def _train_in_group(
                     context,
                     device,
                     prepared.splits,
+                    prepared.data,
                     prepared.module,
                     prepared.ownership.checkpointer,
                     logger,

@@ -178,6 +178,11 @@ class PrometheusMetrics(Metrics):
                 "ddp_recovery_lost_steps",
                 "Steps completed before the last restart that the resume point did not hold (redone).",
             ),
+            "epoch_restarted_after": gauge(
+                "ddp_resume_epoch_restarted_after_samples",
+                "Samples of the interrupted epoch trained on before its data changed; the epoch "
+                "started again from its beginning (data.on_change=restart_epoch).",
+            ),
         }
         # CheckpointStats field -> the counter that exports its growth
         self.checkpoint_counters = {

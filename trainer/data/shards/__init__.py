@@ -5,6 +5,7 @@ streamed with exact resume (`dataset`), its index (`index`), where it is read fr
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from trainer.config import DataConfig
@@ -25,7 +26,8 @@ def build_shards(config: DataConfig, seed: int) -> DataSplits:
             "process (data.shards.prefetch), and slicing a loaded shard needs no worker",
         )  # fmt: skip
     source = open_source(config.path)
-    index = parse_index(source.read(INDEX_FILE), source.uri)
+    index_bytes = source.read(INDEX_FILE)
+    index = parse_index(index_bytes, source.uri)
     check_listing(index, source)
     options = config.shards
     cache = ShardCache(
@@ -34,8 +36,12 @@ def build_shards(config: DataConfig, seed: int) -> DataSplits:
         source.uri,
     )
 
+    fingerprint = f"index sha256 {hashlib.sha256(index_bytes).hexdigest()}"
+
     def split(entries) -> ShardedDataset:
-        return ShardedDataset(entries, source, cache, block=options.block, prefetch=options.prefetch)
+        return ShardedDataset(
+            entries, source, cache, block=options.block, prefetch=options.prefetch, fingerprint=fingerprint
+        )
 
     return DataSplits(split(index.train), split(index.val), split(index.test), index.data_spec())
 

@@ -39,8 +39,11 @@ class ShardedDataset(Dataset):
         *,
         block: int,
         prefetch: int,
+        fingerprint: str,
     ) -> None:
+        """`fingerprint`: the index's digest, which names every shard's bytes."""
         self.entries, self.source, self.cache = list(entries), source, cache
+        self._fingerprint = fingerprint
         self.block, self.prefetch = block, prefetch
         self.starts = [0]
         for entry in self.entries:
@@ -54,6 +57,10 @@ class ShardedDataset(Dataset):
 
     def __len__(self) -> int:
         return self.starts[-1]
+
+    def fingerprint(self) -> str:
+        """What the data is (`trainer.data.identity`): the index's sha256, without a read."""
+        return self._fingerprint
 
     def epoch_order(self, seed: int) -> list[int]:
         """This epoch's global order: shards shuffled, then samples within each block."""
