@@ -61,6 +61,7 @@ def test_help_everywhere():
             ] == []
 
 
+WAVES = str(REPO / "docs" / "examples" / "own-model" / "wave_classifier")
 MISSING_VALUES = "argument -f/--values: 'missing.yaml': no such file"
 # (arguments, environment, the one line it must print); the trainer's own are in test_config.py
 BAD_INPUTS = [
@@ -78,6 +79,15 @@ BAD_INPUTS = [
      "ddp-ops status: error: KUBECONFIG=/nonexistent: no such file; point it at your cluster's kubeconfig"),
     (["render", "--set", "gpus=12"], {}, "ddp-ops render: error: gpus=12 does not split into whole nodes"),
     (["frobnicate"], {}, "ddp-ops: error: argument command: invalid choice: 'frobnicate'"),
+    # a plug-in shipped with --code is read where render runs, not imported: no torch needed
+    (["render", "--code", WAVES, "--set", "trainer.config.model.name=wave_classifier.model:biuld_model"], {},
+     "wave_classifier.model has no callable 'biuld_model'; did you mean wave_classifier.model:build_model?"),
+    (["render", "--code", WAVES, "--set", "trainer.config.data.name=wave_classifier.dta:build_dataset"], {},
+     "wave_classifier has no module 'dta'; did you mean wave_classifier.data:build_dataset?"),
+    (["render", "--code", WAVES, "--set", "trainer.config.data.name=wave_clasifier.data:build_dataset"], {},
+     "wave_clasifier is not shipped with the job; did you mean wave_classifier.data:build_dataset?"),
+    (["render", "--set", "trainer.config.model.name=json:dumps"], {},  # found by this Python
+     "trainer.config.model.name='json:dumps': cannot be called as dumps(config, spec): its def, line "),
 ]  # fmt: skip
 
 

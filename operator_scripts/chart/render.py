@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from operator_scripts.chart.plugin_source import check_plugin_source
 from operator_scripts.paths import CHART_DIR
 from trainer.config import Config, ConfigError, did_you_mean, from_tree
 from trainer.config.overrides import deep_merge
@@ -93,14 +94,19 @@ def check_trainer_config(values: dict[str, Any]) -> None:
     `values`), before Helm renders: a typo or an out-of-range value is the trainer's line,
     did-you-mean included, and rules that JSON schema cannot say (one section's value
     against another's) hold at install, not when a pod starts. So do the model and dataset
-    names: a built-in's is known here without torch; a plug-in (`package.module:function`),
-    whose code is the image's or shipped to the pods, is checked in the pod."""
+    names: a built-in's is known here without torch; a plug-in's (`package.module:function`)
+    module and function are looked for in its source, shipped with the job (`--code`) or
+    found by this Python, without running it (`plugin_source`); one in the image alone is
+    checked in the pod."""
     defaults = yaml.safe_load(VALUES_FILE.read_text())["trainer"]["config"]
-    given = (values.get("trainer") or {}).get("config") or {}
+    trainer = values.get("trainer") or {}
+    given = trainer.get("config") or {}
     try:
         config = from_tree(deep_merge(defaults, given))
         for registry, name in ((DATASETS, config.data.name), (MODELS, config.model.name)):
-            if not registry.is_plugin(name):
+            if registry.is_plugin(name):
+                check_plugin_source(registry, name, trainer.get("code") or [])
+            else:
                 registry.check(name)
     except ConfigError as error:
         raise ValuesError(f"trainer.config.{error}") from None

@@ -75,9 +75,7 @@ class Registry(Generic[Builder]):
         builder = getattr(module, attribute, None)
         if not callable(builder):
             own = [item for item, value in vars(module).items() if _is_own_builder(item, value, module)]
-            hint = did_you_mean(attribute, {item: f"{module_name}:{item}" for item in own})
-            problem = f"{module_name} has no callable {attribute!r}"
-            raise ConfigError(self.key, name, f"{problem}; {hint.rstrip()}" if hint else problem)
+            raise ConfigError(self.key, name, no_callable(module_name, attribute, own))
         call = f"{attribute}({', '.join(self.arguments)})"
         try:
             inspect.signature(builder).bind(*self.arguments)
@@ -86,6 +84,16 @@ class Registry(Generic[Builder]):
         except ValueError:  # a builtin without a signature: its call will tell
             pass
         return builder
+
+
+def no_callable(module_name: str, attribute: str, own: list[str]) -> str:
+    """What is wrong with a plug-in whose module lacks `attribute`, with a "did you mean"
+    among the module's own public functions and classes (`own`)."""
+    hint = did_you_mean(
+        attribute, {item: f"{module_name}:{item}" for item in own if not item.startswith("_")}
+    )
+    problem = f"{module_name} has no callable {attribute!r}"
+    return f"{problem}; {hint.rstrip()}" if hint else problem
 
 
 def _is_own_builder(name: str, value: object, module: ModuleType) -> bool:
