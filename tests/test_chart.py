@@ -166,6 +166,8 @@ def test_helm_set_floats_pass_the_schema_as_the_trainer_reads_them():
         ("trainer.config.train.epoch=3", "epoch"),
         ("trainer.config.train.batch_size=0", "batch_size"),
         ("checkpoint.s3.secretAccessKey=abc", "secretAccessKey"),  # `helm install` refuses it too
+        ("trainer.config.model.name=resnet50", "/trainer/config/model/name"),  # not built in, no ':'
+        ("trainer.config.data.name=my_data.build", "/trainer/config/data/name"),
     ],
 )
 def test_helms_own_schema_check_refuses_bad_trainer_values(sets, named):

@@ -11,8 +11,11 @@ from pydantic import TypeAdapter
 
 from operator_scripts.chart.render import SCHEMA_FILE
 from trainer.config import Config
+from trainer.config.registry import DATASETS, MODELS, Registry
 
 NUMERIC = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
+# package.module:function
+PLUGIN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 
 
 def trainer_config_schema() -> dict[str, Any]:
@@ -30,7 +33,17 @@ def trainer_config_schema() -> dict[str, Any]:
             return [inline(item) for item in node]
         return node
 
-    return accept_set_strings(inline(schema))
+    config = accept_set_strings(inline(schema))
+    for section, registry in (("data", DATASETS), ("model", MODELS)):
+        field = config["properties"][section]["properties"]["name"]
+        config["properties"][section]["properties"]["name"] = {**field, **registry_names(registry)}
+    return config
+
+
+def registry_names(registry: Registry) -> dict[str, Any]:
+    """A name Helm can check without Python: a built-in one, or a plug-in's import path
+    (whose module and function `ddp-ops` and the pod check)."""
+    return {"anyOf": [{"enum": registry.names}, {"pattern": PLUGIN}]}
 
 
 def accept_set_strings(node: Any) -> Any:
