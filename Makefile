@@ -24,12 +24,16 @@ export TORCH_DISABLE_SHARE_RDZV_TCP_STORE := 1
 
 .PHONY: demo ops test test-quick gpu-check image image-e2e lint tools image-tools clean
 
+# the first install says what it fetches, and pip shows each package as it comes (docs/running.md)
 $(TRAINER): pyproject.toml constraints.txt
+	@echo "make: installing the trainer's pinned dependencies into $(VENV), once: torch (CPU build), numpy,"
+	@echo "make: scikit-learn (the demo's digits), boto3 (S3), pydantic and a few more"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e .
+	$(BIN)/pip install --disable-pip-version-check --progress-bar on -c constraints.txt -e .
 	touch $@
 
 $(INSTALLED): $(TRAINER)
+	@echo "make: installing the test tools into $(VENV), once: pytest, moto, Lightning, Helm's engine, ..."
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
 
