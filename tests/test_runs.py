@@ -303,6 +303,8 @@ def test_early_stopping_ends_the_run_and_a_restart_only_tests(workdir):
     assert state["progress"]["stopped_early"] and state["progress"]["epoch"] == 2
     again = run_trainer(args, workdir)
     assert again.returncode == 0 and "already complete" in again.stdout
+    ended = state["progress"]["step"]  # the run's last step: nothing came after it
+    assert f"resumed from step {ended} (checkpoints/digits-cnn, 0 steps lost)" in again.stdout
 
 
 def checkpoint_step(root: Path) -> int:

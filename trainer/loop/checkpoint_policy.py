@@ -4,6 +4,7 @@ interval, and the snapshots' removal once the store holds the final step."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -127,6 +128,8 @@ class CheckpointPolicy:
         if point is None:
             return None
         restored = state.load(tree, config, self.context, point.step, self.checkpointer.store.uri)
+        if point.lost_steps is None and restored.complete:  # no step came after the run's last
+            point = dataclasses.replace(point, lost_steps=0)
         self._resumed(point.step, from_store=point.snapshot_rank is None)
         return point, restored
 

@@ -70,3 +70,10 @@ def finished(progress: Progress, total_steps: int, epochs: int) -> bool:
     """Done by steps, by epochs or by early stopping; derived, so a resumed run with a
     larger `train.max_steps` or `train.epochs` carries on."""
     return progress.stopped_early or progress.step >= total_steps or progress.epoch >= epochs
+
+
+def complete(progress: Progress, train: TrainConfig) -> bool:
+    """Whether a run of `train`'s length would have ended at `progress`, whatever its world
+    size: early stopped, its epochs done, or its `max_steps` reached."""
+    reached = bool(train.max_steps) and progress.step >= train.max_steps
+    return progress.stopped_early or progress.epoch >= train.epochs or reached

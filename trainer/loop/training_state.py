@@ -20,7 +20,7 @@ from trainer.distributed.process_group import DistContext
 from trainer.loop.ddp import PowerSGDCheckpoint
 from trainer.loop.early_stopping import EarlyStopping
 from trainer.loop.optim import apply_hyperparameters, batch_math
-from trainer.loop.plan import Progress
+from trainer.loop.plan import Progress, complete
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class Restored:
     progress: Progress
     notes: list[str] = field(default_factory=list)
     epoch_restarted_after: int | None = None  # samples of the epoch seen before its data changed
+    complete: bool = False  # the run that saved it ended there, as would this one
 
 
 @dataclass(frozen=True)
@@ -153,4 +154,5 @@ class TrainingState:
                 f"{saved.global_batch}, lr {saved.lr:.6g}; this run trains at world size "
                 f"{context.world_size}, global batch {now.global_batch}, lr {now.lr:.6g}"
             )
-        return Restored(progress, notes, restarted_after)
+        ended = all(complete(progress, train) for train in (saved_config.train, config.train))
+        return Restored(progress, notes, restarted_after, ended)
