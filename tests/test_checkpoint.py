@@ -2,6 +2,7 @@
 
 import json
 import logging
+import threading
 import time
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ from trainer.checkpoint.location import open_store
 from trainer.checkpoint.manager import Checkpointer
 from trainer.checkpoint.store import LocalStore
 from trainer.checkpoint.writer import CheckpointWriter
+from trainer.checkpoint.writer_process import writer_lock
 from trainer.checkpoint.writer_start import spawn_writer
 from trainer.config import CheckpointConfig, ConfigError
 
@@ -179,3 +181,35 @@ def test_a_writer_let_go_at_the_end_is_not_reported_as_dead(tmp_path, caplog):
         writer.close(60)
     assert handle.wait() == 0 and durable.committed_step() == 1
     assert caplog.text == ""
+
+
+def test_the_writer_lock_excludes_and_its_last_holder_leaves_no_folder(tmp_path):
+    """Taken, waited for, handed on and let go by threads of this process, each with a file
+    of its own as processes have: the path's file is the one locked, and a location with
+    nothing cached leaves no folder behind; one that holds a download keeps it."""
+    cache = tmp_path / "ddp-trainer-cache" / "location"
+    handed_on, release = threading.Event(), threading.Event()
+    outcome: dict[str, bool] = {}
+
+    def second_taker() -> None:
+        with writer_lock(cache, timeout_s=10) as held:
+            outcome["second"] = held
+            handed_on.set()
+            release.wait(10)
+
+    with writer_lock(cache, timeout_s=1) as held:
+        assert held and (cache / "writer.lock").is_file()
+        waiter = threading.Thread(target=second_taker)
+        waiter.start()
+        time.sleep(0.2)
+        assert not handed_on.is_set()  # it waits while the first holds the lock
+    assert handed_on.wait(5) and outcome["second"]  # the first removed its file: the second locked a new one
+    with writer_lock(cache, timeout_s=0.3) as third:
+        assert not third  # the second's lock is on the file at the path
+    release.set()
+    waiter.join(5)
+    assert not cache.exists()
+    (cache / "step-10").mkdir(parents=True)  # a downloaded checkpoint stays, and so does its folder
+    with writer_lock(cache, timeout_s=1) as held:
+        assert held
+    assert sorted(path.name for path in cache.iterdir()) == ["step-10"]

@@ -12,6 +12,7 @@ steps a recovery lost.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
@@ -105,6 +106,8 @@ class SnapshotDir:
             self._reached.close()
             self._reached = None
         shutil.rmtree(self.root, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the snapshot folder too, unless another location's are there
+            self.root.parent.rmdir()
 
     def reached(self) -> int | None:
         """The last step this node recorded as completed, if it kept its memory."""

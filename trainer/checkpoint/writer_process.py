@@ -180,20 +180,56 @@ def writer_lock(cache: Path, timeout_s: float) -> Iterator[bool]:
     takes it before it takes the lease, cleans staging and looks for a resume point, so that
     a writer of a killed attempt finishes its publish (not fenced out, nothing removed under
     it) and the new attempt sees it and never writes beside it. True once held; False if
-    `timeout_s` ran out first (the run goes on without it)."""
-    cache.mkdir(parents=True, exist_ok=True)
+    `timeout_s` ran out first (the run goes on without it).
+
+    The holder removes the lock file as it lets go, and the cache folder with it where that
+    is empty (a local location downloads nothing): a plain run leaves no folder behind. So a
+    taker checks, once it holds the lock, that the file it locked is still the one at the
+    path; one that a leaving holder removed is given up, and the path tried again."""
     deadline = time.monotonic() + timeout_s
-    with open(cache / LOCK_FILE, "a+b") as handle:
-        while True:
+    path = cache / LOCK_FILE
+    while True:
+        with _opened(path) as handle:
+            if not _flock(handle, deadline):
+                yield False
+                return
+            if not _locked_the_path(handle, path):
+                continue
             try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    yield False
-                    return
-                time.sleep(0.05)
-        yield True
+                yield True
+            finally:
+                path.unlink(missing_ok=True)  # while held: a taker waiting on it tries again
+                with contextlib.suppress(OSError):
+                    cache.rmdir()
+            return
+
+
+def _opened(path: Path) -> BinaryIO:
+    """The lock file, made if need be, with its folder."""
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return open(path, "a+b")
+        except FileNotFoundError:  # the folder went between the two lines: a holder leaving
+            continue
+
+
+def _flock(handle: BinaryIO, deadline: float) -> bool:
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+
+def _locked_the_path(handle: BinaryIO, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def run(inbox: BinaryIO, outbox: BinaryIO) -> int:
