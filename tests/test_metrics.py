@@ -115,7 +115,8 @@ def test_run_report_draws_a_png_from_the_runs_own_log(workdir):
         text=True,
     )
     assert report.returncode == 0, report.stderr
-    assert "8 points, steps 5-40" in report.stdout
+    validations = [line for line in completed.stdout.splitlines() if '"event": "validation"' in line]
+    assert f"8 points, steps 5-40; {len(validations)} validations" in report.stdout and validations
     assert (workdir / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (workdir / "run.png").stat().st_size > 20_000
 

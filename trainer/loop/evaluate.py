@@ -19,6 +19,7 @@ from trainer.loop.objective import per_sample_terms
 from trainer.loop.step import autocast_for
 from trainer.telemetry.log import event
 from trainer.telemetry.metrics import Metrics
+from trainer.telemetry.progress import append_history
 
 
 @torch.no_grad()
@@ -102,6 +103,9 @@ class Evaluator:
         self.val_metrics, self.last_validated = metrics, step
         self.metrics.validation(metrics["loss"], metrics["accuracy"])
         log_validation(self.log, step, metrics)
+        if self.context.is_main:
+            record = {"event": "validation", "step": step, "val_loss": metrics["loss"]}
+            append_history(self.config.metrics.history_file, {**record, "val_accuracy": metrics["accuracy"]})
         return metrics
 
     def test(self) -> dict[str, float]:

@@ -188,9 +188,14 @@ class ProgressLog:
                 "slowest_rank": split.slowest_rank,
             }
         )
-        if shape.history_file:  # the run report's input
-            with open(shape.history_file, "a") as handle:
-                handle.write(json.dumps({**fields, "time": time.time()}) + "\n")
+        append_history(shape.history_file, fields)
+
+
+def append_history(path: str, record: dict) -> None:
+    """One record of the run report's input (`metrics.history_file`, rank 0's), if it is kept."""
+    if path:
+        with open(path, "a") as handle:
+            handle.write(json.dumps({**record, "time": time.time()}) + "\n")
 
 
 def peak_memory_bytes(device: torch.device) -> int:
