@@ -342,3 +342,17 @@ def test_after_a_workers_permanent_error_only_error_lines_are_relayed(capsysbina
     relay(io.BytesIO(b"a line\n" + error + teardown + error[9:]), [], said := [])
     assert capsysbinary.readouterr().err == b"a line\n" + error + error[9:]
     assert said == [error[9:]]
+
+
+def test_torchruns_report_of_workers_that_left_on_purpose_is_left_out_once(capsysbinary, tmp_path):
+    """A node whose peer was lost ends its ranks on purpose (its own line says why) and notes
+    it; torchrun's `failed (exitcode: 1)` for that round read like a crash in the pod's log.
+    The note is taken by the report it explains: the next round's failure is shown."""
+    failed = (
+        b"E1206 21:25:06.859000 27599 torch/distributed/elastic/multiprocessing/api.py:1002] "
+        b"failed (exitcode: 1) local_rank: 0 (pid: 27607) of binary: /venv/bin/python\n"
+    )
+    left = tmp_path / "ddp-launch-7.left"
+    left.write_text("its node left the group\n")
+    relay(io.BytesIO(b"a line\n" + failed + failed), [], [], left)
+    assert capsysbinary.readouterr().err == b"a line\n" + failed and not left.exists()

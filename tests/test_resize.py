@@ -73,7 +73,8 @@ def test_resize(workdir, before, after, stop_at, on_s3, request):
     assert resized[-1] == (
         f"step {stop_at} was saved at world size {before}, global batch {PER_RANK_BATCH * before}, lr "
         f"{0.002 * PER_RANK_BATCH * before / 64:g}; this run trains at world size {after}, global batch "
-        f"{PER_RANK_BATCH * after}, lr {lr:g}"
+        f"{PER_RANK_BATCH * after}, lr {lr:g}; the rest of the run is counted in steps of this global "
+        "batch, so its total steps change"
     )
     assert next(r for r in records if r["event"] == "plan")["resumed_from"] == stop_at
     saved = store.load("resharded") if store else load_checkpoint(workdir / "checkpoints" / "digits-cnn")

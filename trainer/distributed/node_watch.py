@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING
 from trainer.config import WatchdogConfig
 from trainer.distributed.elastic_bounds import describe, node_bounds
 from trainer.distributed.heartbeat import DONE, Heartbeat, read_records
+from trainer.run.startup import mark_left
 
 if TYPE_CHECKING:  # torch is imported where a watch starts: ddp-launch reads STORE_LOST_FILE_ENV torch-free
     import torch.distributed as dist
@@ -212,6 +213,7 @@ def own_progress(heartbeat: Heartbeat, node: int, host: str, seq: int) -> Progre
 def leave_group(heartbeat: Heartbeat) -> None:
     """End this node's ranks now: the others first (SIGKILL: they wait in a collective that
     will never finish), then this process, so that torchrun sees failed workers."""
+    mark_left("its node left the group")
     me = os.getpid()
     for record in read_records(heartbeat.folder):
         if record.pid != me:

@@ -67,7 +67,7 @@ from trainer.launcher.rendezvous_host import (
 )
 from trainer.launcher.torchrun_output import ERROR_PREFIX, relay, say_error
 from trainer.lines import write_line
-from trainer.run.startup import EXIT_CONFIG_ERROR, FATAL_FILE_ENV, validate
+from trainer.run.startup import EXIT_CONFIG_ERROR, FATAL_FILE_ENV, LEFT_FILE_ENV, validate
 
 EXIT_GAVE_UP = 1
 POLL_S = 0.2
@@ -184,13 +184,14 @@ class PodFiles:
     heartbeats: Path
     crashes: Path
     store_lost: Path
+    left: Path
 
     @classmethod
     def of_this_process(cls) -> PodFiles:
         base = Path(tempfile.gettempdir()) / f"ddp-launch-{os.getpid()}"
         return cls(
             base.with_suffix(".fatal"), base.with_suffix(".heartbeats"), base.with_suffix(".crashes"),
-            base.with_suffix(".store-lost"),
+            base.with_suffix(".store-lost"), base.with_suffix(".left"),
         )  # fmt: skip
 
     def env(self) -> dict[str, str]:
@@ -199,6 +200,7 @@ class PodFiles:
             HEARTBEAT_DIR_ENV: str(self.heartbeats),
             CRASH_DIR_ENV: str(self.crashes),
             STORE_LOST_FILE_ENV: str(self.store_lost),
+            LEFT_FILE_ENV: str(self.left),
         }
 
     def take_store_lost(self) -> bool:
@@ -212,6 +214,7 @@ class PodFiles:
     def remove(self) -> None:
         self.fatal.unlink(missing_ok=True)
         self.store_lost.unlink(missing_ok=True)
+        self.left.unlink(missing_ok=True)
         shutil.rmtree(self.heartbeats, ignore_errors=True)
         shutil.rmtree(self.crashes, ignore_errors=True)
 
@@ -224,6 +227,7 @@ def run_torchrun(
     the rendezvous store's host lost (its agent would wait on that store for good); its waits
     for nodes said at a steady interval."""
     fatal_file = files.fatal
+    files.left.unlink(missing_ok=True)  # a note the last torchrun's report did not take
     env = {**RDZV_ENV, **os.environ, **files.env(), NNODES_ENV: waiting.nnodes}
     process = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", *torchrun_args],
@@ -232,7 +236,7 @@ def run_torchrun(
         start_new_session=True,
     )
     said: list[bytes] = []
-    relaying = threading.Thread(target=relay, args=(process.stderr, stopping, said), daemon=True)
+    relaying = threading.Thread(target=relay, args=(process.stderr, stopping, said, files.left), daemon=True)
     relaying.start()
 
     def forward(signum: int, frame: object) -> None:

@@ -15,16 +15,20 @@ from trainer.lines import write_line
 ERROR_PREFIX = "trainer: error: "
 TRACEBACK = b"Traceback (most recent call last):"
 # what Python prints between the tracebacks of a chain of exceptions
+# torchrun's report of a round whose workers exited (torch/distributed/elastic/multiprocessing/api.py)
+WORKERS_FAILED = b"failed (exitcode: "
 CHAINED = (b"During handling of the above exception", b"The above exception was the direct cause")
 
 
-def relay(stream: BinaryIO, stopping: list[int], said: list[bytes]) -> None:
+def relay(stream: BinaryIO, stopping: list[int], said: list[bytes], left: Path | None = None) -> None:
     """Copy torchrun's stderr (its workers' too) to ours. Once this pod is stopping, torchrun's
     own report of the signal, a traceback (or a chain of them) ending in SignalException, and
     its warnings about closing workers, are left out: the trainer's one line says what the
     stop saved. Once a worker has said a permanent error (this wrapper then kills torchrun),
     only error lines follow: the rest is the teardown's, such as a peer pod's store gone
-    (c10d's warning and its C++ stack). Rank 0's error lines are noted in `said`."""
+    (c10d's warning and its C++ stack). Rank 0's error lines are noted in `said`. torchrun's
+    `failed (exitcode: 1)` for workers that left on purpose (`left`, where a worker notes it,
+    having said why in its own line) is left out: it is no crash."""
     held: list[bytes] = []
     between = False  # `held` ends with a traceback's last line: a chained one may follow
     failed = False
@@ -48,9 +52,20 @@ def relay(stream: BinaryIO, stopping: list[int], said: list[bytes]) -> None:
             continue
         if stopping and (b"closing signal SIG" in line or b"death signal, shutting down" in line):
             continue
+        if WORKERS_FAILED in line and left is not None and _take(left):
+            continue
         sys.stderr.buffer.write(line)
         sys.stderr.buffer.flush()
     _write_unless_signal(held)
+
+
+def _take(note: Path) -> bool:
+    """Whether `note` was there; it is removed, so that the next failure is judged anew."""
+    try:
+        note.unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _write_unless_signal(traceback: list[bytes]) -> None:

@@ -152,7 +152,8 @@ class TrainingState:
             notes.append(
                 f"step {step} was saved at world size {saved.world_size}, global batch "
                 f"{saved.global_batch}, lr {saved.lr:.6g}; this run trains at world size "
-                f"{context.world_size}, global batch {now.global_batch}, lr {now.lr:.6g}"
+                f"{context.world_size}, global batch {now.global_batch}, lr {now.lr:.6g}; the rest of "
+                "the run is counted in steps of this global batch, so its total steps change"
             )
         ended = all(complete(progress, train) for train in (saved_config.train, config.train))
         return Restored(progress, notes, restarted_after, ended)

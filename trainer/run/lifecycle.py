@@ -35,7 +35,7 @@ from trainer.loop.preemption import LEASE_LOST, Stopped, StopSignal
 from trainer.loop.probe import probe_plugins
 from trainer.models import build_model
 from trainer.run.ownership import Ownership, lease_lost, take_location
-from trainer.run.startup import EXIT_PEER_LOST, report, say
+from trainer.run.startup import EXIT_PEER_LOST, mark_left, report, say
 from trainer.telemetry.log import setup_logging
 from trainer.telemetry.metrics import prepare_multiprocess_dir, start_metrics
 
@@ -197,6 +197,7 @@ def _train_in_group(
             f"rank {context.rank} lost a peer ({reason}); torchrun restarts the workers "
             "and they resume from the newest snapshot or checkpoint"
         )
+        mark_left(f"rank {context.rank} lost a peer")
         return EXIT_PEER_LOST
     finally:
         metrics.close()
