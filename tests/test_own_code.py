@@ -11,10 +11,11 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import CPU_VALUES, REPO, process_env
+from conftest import CPU_VALUES, REPO, process_env, run_trainer
 
 from operator_scripts.chart.code_bundle import CONFIGMAP_LIMIT, CodeError, code_values
 from operator_scripts.chart.render import deep_merge, merge_values, render
@@ -131,6 +132,32 @@ def test_a_plugins_exception_is_one_line_naming_its_line_and_an_io_error_is_retr
         f"directory: '/nonexistent/labels.csv' at {tmp_path / 'buggy_data.py'}:10 in needs_a_file; "
         "an I/O error, which the job's restarts retry (traceback in "
     )
+
+
+@pytest.mark.slow
+def test_a_key_error_in_a_plugin_datasets_getitem_mid_run_is_one_line_and_no_restart(tmp_path):
+    """The commonest bug in one's own data code, met by a sample read after steps have run:
+    one line naming the plug-in's line, exit 2 (permanent: ddp-launch relaunches nothing),
+    no traceback shown; the traceback is in the file the line names."""
+    tracebacks = tmp_path / "tmp"
+    tracebacks.mkdir()
+    settings = "data.name=plugins:poisoned_digits,data.options.bad_index=1000,data.options.error=KeyError"
+    done = run_trainer(
+        ["--config", "digits", "--set", f"{settings},log.every_steps=1"],
+        tmp_path,
+        env=process_env({"TMPDIR": str(tracebacks)}),
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    (line,) = done.stderr.splitlines()
+    assert re.fullmatch(
+        r"trainer: error: data.name='plugins:poisoned_digits': raised KeyError: 'label' "
+        r"at \S+/plugins\.py:\d+ in __getitem__; a bug in the plug-in, which a restart cannot fix "
+        r"\(traceback in (\S+)\)",
+        line,
+    ), line
+    assert "Traceback" not in done.stdout and re.search(r"step [1-9]\d*/", done.stdout)  # steps ran first
+    saved = re.search(r"traceback in (\S+)\)$", line)[1]
+    assert saved.startswith(str(tracebacks)) and "KeyError: 'label'" in Path(saved).read_text()
 
 
 def test_the_example_dataset_is_the_same_on_every_rank_and_split_by_the_config():

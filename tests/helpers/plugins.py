@@ -59,21 +59,25 @@ class RecordingDataset(Through):
 
 
 class PoisonedDataset(Through):
-    """Reading sample `bad_index` raises, every time: a corrupt record."""
+    """Reading sample `bad_index` raises, every time: a record that cannot be read (OSError),
+    or a bug in the reading code (KeyError: a field the record lacks)."""
 
-    def __init__(self, inner: Dataset, bad_index: int) -> None:
+    def __init__(self, inner: Dataset, bad_index: int, error: str) -> None:
         super().__init__(inner)
-        self.bad_index = bad_index
+        self.bad_index, self.error = bad_index, error
 
     def __getitem__(self, index: int):
+        if index == self.bad_index and self.error == "KeyError":
+            return {"pixels": self.inner[index][0]}["label"]
         if index == self.bad_index:
-            raise ValueError(f"sample {index} is corrupt")
+            raise OSError(f"sample {index} is unreadable")
         return self.inner[index]
 
 
 def poisoned_digits(config: DataConfig, seed: int) -> DataSplits:
     splits = build_digits(config, seed)
-    return replace(splits, train=PoisonedDataset(splits.train, int(config.options["bad_index"])))
+    bad, error = int(config.options["bad_index"]), config.options.get("error", "OSError")
+    return replace(splits, train=PoisonedDataset(splits.train, bad, error))
 
 
 def slow_digits(config: DataConfig, seed: int) -> DataSplits:

@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from trainer.config.schema import ConfigError
 
@@ -25,6 +26,7 @@ from trainer.config.schema import ConfigError
 # user's own call into pandas rather than pandas' raise
 LIBRARIES = tuple({sysconfig.get_paths()[kind] for kind in ("stdlib", "platstdlib", "purelib", "platlib")})
 TRACEBACKS = Path(tempfile.gettempdir()) / "ddp-trainer-errors"
+T = TypeVar("T")
 
 
 class PluginError(ConfigError):
@@ -32,7 +34,15 @@ class PluginError(ConfigError):
 
 
 class PluginIOError(Exception):
-    """A plug-in's code raised an OSError while it built: worth the job's restarts."""
+    """A plug-in's code raised an OSError: worth the job's restarts. `error` names it and
+    where it was raised, as the recurrence check's record of the crash."""
+
+    def __init__(self, line: str, error: str) -> None:
+        super().__init__(line)
+        self.error = error
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (str(self), self.error)
 
 
 @contextmanager
@@ -51,11 +61,24 @@ def plugin_failure(key: str, name: str, error: Exception) -> PluginError | Plugi
     """The one-line error for `error`, raised by the plug-in `name` (config key `key`)."""
     saved = _save_traceback(key, error)
     message = (str(error).strip().splitlines() or [""])[0]
-    raised = f"raised {type(error).__name__}{f': {message}' if message else ''}{_where(error)}"
+    what = f"{type(error).__name__}{f': {message}' if message else ''}{_where(error)}"
     if isinstance(error, OSError):
         retried = "an I/O error, which the job's restarts retry"
-        return PluginIOError(f"{key}={name!r}: {raised}; {retried} ({saved})")
-    return PluginError(key, name, f"{raised}; a bug in the plug-in, which a restart cannot fix ({saved})")
+        return PluginIOError(f"{key}={name!r}: raised {what}; {retried} ({saved})", what)
+    bug = "a bug in the plug-in, which a restart cannot fix"
+    return PluginError(key, name, f"raised {what}; {bug} ({saved})")
+
+
+def read_through(key: str, name: str, items: Iterator[T]) -> Iterator[T]:
+    """`items` (a plug-in dataset's batches, read as training goes), with an exception its
+    code raises while one is read turned into its one line, as at build."""
+    while True:
+        with raised_by_plugin(key, name):
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+        yield item
 
 
 def _where(error: Exception) -> str:

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from types import ModuleType
 from typing import Generic, TypeVar
 
 from trainer.config import ConfigError, did_you_mean
-from trainer.config.plugin_errors import raised_by_plugin
+from trainer.config.plugin_errors import raised_by_plugin, read_through
 
 Builder = TypeVar("Builder", bound=Callable)
+T = TypeVar("T")
 
 
 class Registry(Generic[Builder]):
@@ -49,6 +50,11 @@ class Registry(Generic[Builder]):
         builder = self.resolve(name)
         with self.calling(name):
             return builder(*arguments)
+
+    def reading(self, name: str, items: Iterator[T]) -> Iterator[T]:
+        """`items` read from the code behind `name`: a plug-in's exception, as it reads one,
+        is its one line (`read_through`); a built-in's iterator is handed back as it is."""
+        return read_through(self.key, name, items) if self.is_plugin(name) else items
 
     def calling(self, name: str) -> AbstractContextManager[None]:
         """Around any call into the code behind `name`: a plug-in's exception leaves as its

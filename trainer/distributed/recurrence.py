@@ -15,6 +15,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainer.config.plugin_errors import PluginIOError
+
 # set by `ddp-launch`: where each rank notes its last crash, kept across torchrun's restarts
 CRASH_DIR_ENV = "TRAINER_CRASH_DIR"
 
@@ -29,6 +31,8 @@ class Crash:
 
     @classmethod
     def of(cls, error: BaseException, step: int, phase: str) -> Crash:
+        if isinstance(error, PluginIOError):  # the plug-in's own error, not its retry line
+            return cls(step, phase, error.error)
         first_line = (str(error).strip().splitlines() or [""])[0]
         return cls(step, phase, f"{type(error).__name__}: {first_line}".rstrip(": "))
 
