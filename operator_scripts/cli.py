@@ -262,8 +262,11 @@ def _local(args: argparse.Namespace) -> int:
         print(f"ddp-ops local: error: {error}", file=sys.stderr)
         return 2
     print(f"pod logs under {workdir}", file=sys.stderr)
+    succeeded = outcome.status in ("Succeeded", "Complete")
+    for line in [] if succeeded else outcome.failed_pods():  # as `kubectl describe pod` shows them
+        print(line, file=sys.stderr)
     print(outcome.summary(), flush=True)
-    return 0 if outcome.status in ("Succeeded", "Complete") else 1
+    return 0 if succeeded else 1
 
 
 def _local_in_docker(rendered, workdir: Path, subnet: str, options: dict):

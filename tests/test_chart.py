@@ -10,12 +10,13 @@ import pytest
 import yaml
 from chart_scenarios import K8S_VERSION, SCENARIOS, pod_templates, scenario, trainer_container
 from helm_python import HelmError, lint
-from trainer_v2_rules import node_job
+from trainer_v2_rules import node_container, node_job
 
 from operator_scripts.chart.render import ValuesError, merge_values, render
 from operator_scripts.generate.values_table import documented_keys
 from operator_scripts.paths import CHART_DIR
 from trainer.config import from_tree
+from trainer.termination_message import MESSAGE_PATH_ENV
 
 EVERY = "trainer.config.checkpoint.snapshot_every_steps"
 
@@ -328,6 +329,20 @@ def test_torchruns_shutdown_deadline_is_the_grace_period_less_15_s(grace, deadli
     job = render(merge_values(sets=sets)).one("PyTorchJob")
     env = {e["name"]: e.get("value") for e in trainer_container(pod_templates(job)["Worker"])["env"]}
     assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == deadline
+
+
+@pytest.mark.parametrize("kind", ["PyTorchJob", "TrainJob"])
+def test_ddp_launch_writes_where_the_kubelet_reads_the_termination_message(kind):
+    """The line that ends the container is `kubectl describe pod`'s Message: ddp-launch is
+    told the path the kubelet mounts, and a container that wrote none shows its log's tail."""
+    rendered = render(merge_values(sets=[f"jobKind={kind}"]))
+    if kind == "PyTorchJob":
+        container = trainer_container(pod_templates(rendered.one("PyTorchJob"))["Worker"])
+    else:
+        container = node_container(rendered.one("TrainingRuntime"))
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env[MESSAGE_PATH_ENV] == container["terminationMessagePath"] == "/dev/termination-log"
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
 LOSS_KEYS = ["node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"]

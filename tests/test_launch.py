@@ -20,6 +20,7 @@ from trainer.distributed.recurrence import CRASH_DIR_ENV, Crash, RecurringCrash,
 from trainer.launcher.launch import RendezvousWaitLine, nnodes, parse_args, trainer_arguments
 from trainer.launcher.rendezvous_host import StoreProbe, rendezvous_host, store_address
 from trainer.launcher.torchrun_output import relay
+from trainer.termination_message import MESSAGE_PATH_ENV
 
 TRAINER = ["-m", "trainer", "--config", "digits", "--set", "train.epochs=1"]
 
@@ -204,10 +205,15 @@ def test_a_pod_waits_for_the_host_in_one_line_then_gives_up(hosts, tmp_path):
 def test_a_config_error_found_inside_the_workers_stops_torchrun_at_once(tmp_path):
     """A mistake only the trainer can see (the checkpoint holds another model) is reported
     by the workers; ddp-launch stops torchrun instead of letting it restart them, and exits 2."""
+    said = tmp_path / "termination-log"  # as the kubelet mounts it, where the chart points ddp-launch
+    message = {MESSAGE_PATH_ENV: str(said)}
     first = launch(
-        "--", "--standalone", "--nproc_per_node=2", *TRAINER, "--set", "train.max_steps=2", cwd=tmp_path
-    )
+        "--", "--standalone", "--nproc_per_node=2", *TRAINER, "--set", "train.max_steps=2",
+        cwd=tmp_path, env=message,
+    )  # fmt: skip
     assert first.returncode == 0, first.stderr[-2000:]
+    summary = [line for line in first.stdout.splitlines() if " done: 2 steps" in line]
+    assert summary and said.read_text() == summary[0].partition("Z ")[2] + "\n"  # rank 0's last line
     started = time.monotonic()
     args = [
         "--",
@@ -218,13 +224,14 @@ def test_a_config_error_found_inside_the_workers_stops_torchrun_at_once(tmp_path
         "--set",
         "model.width=16",
     ]
-    second = launch(*args, cwd=tmp_path, timeout=120)
+    second = launch(*args, cwd=tmp_path, timeout=120, env=message)
     assert second.returncode == 2 and time.monotonic() - started < 60
     errors = [line for line in second.stderr.splitlines() if line.startswith("trainer: error:")]
     assert errors == [
         "trainer: error: model.width=16: step 2 in checkpoints/digits-cnn was trained with model.width=32, "
         "which this run cannot change: resume with model.width=32, or start over in another checkpoint.uri"
     ]
+    assert said.read_text() == errors[0] + "\n"  # what `kubectl describe pod` shows
     assert "restart 1" not in second.stdout and "Traceback" not in second.stderr
 
 

@@ -52,6 +52,10 @@ spec:
       # exec form: SIGTERM reaches ddp-launch, which forwards it to torchrun and the workers;
       # ddp-launch checks the config first and waits for the rendezvous host (values.yaml)
       command: ["ddp-launch"]
+      # ddp-launch writes the line that ends the container there (a config error, a lost
+      # node, the summary): `kubectl describe pod` shows it; without one, the log's tail
+      terminationMessagePath: /dev/termination-log
+      terminationMessagePolicy: FallbackToLogsOnError
       args:
         - "--rendezvous-wait"
         - {{ .Values.launcher.rendezvousWaitSeconds | quote }}
@@ -122,6 +126,8 @@ spec:
           value: {{ max 10 (sub (int .Values.terminationGracePeriodSeconds) 15) | quote }}
         - name: TRAINER_IMAGE
           value: {{ include "ddp.image" . | quote }}
+        - name: DDP_TERMINATION_MESSAGE_PATH
+          value: /dev/termination-log
         - name: HOME
           value: /tmp
         - name: TMPDIR

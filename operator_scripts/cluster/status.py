@@ -3,7 +3,7 @@ the API returns them (pure functions, tested on the controllers' own objects).""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -24,6 +24,27 @@ class JobStatus:
     rank0_pod: str | None
     kind: str = "PyTorchJob"
     jobset_restarts: int = 0
+    failures: list[str] = field(default_factory=list)  # `failure_line` of each pod that failed last
+
+
+def failure_line(pod: str, exit_code: int, message: str) -> str:
+    """A failed container as `kubectl describe pod` shows it, in one line: the pod, its exit
+    code, and its termination message's last line (the trainer's one line, where it wrote one)."""
+    said = message.strip().splitlines()
+    return f"pod {pod}: exit {exit_code}: {said[-1] if said else '(no message)'}"
+
+
+def pod_failures(pods: list[dict[str, Any]]) -> list[str]:
+    """Each pod whose container ended non-zero, now or in its last run, with its message."""
+    lines = []
+    for pod in pods:
+        for container in pod.get("status", {}).get("containerStatuses", []):
+            for state in (container.get("state", {}), container.get("lastState", {})):
+                ended = state.get("terminated") or {}
+                if code := ended.get("exitCode"):
+                    lines.append(failure_line(pod["metadata"]["name"], code, ended.get("message", "")))
+                    break
+    return lines
 
 
 def _age(item: dict[str, Any], now: datetime | None) -> float | None:
@@ -62,6 +83,7 @@ def summarize(job: dict[str, Any], pods: list[dict[str, Any]], now: datetime | N
         restarts=restarts,
         age_seconds=age,
         rank0_pod=rank0[0] if rank0 else None,
+        failures=pod_failures(pods),
     )
 
 
@@ -106,6 +128,7 @@ def summarize_trainjob(
         rank0_pod=rank0[-1]["metadata"]["name"] if rank0 else None,
         kind="TrainJob",
         jobset_restarts=int(jobset_status.get("restarts", 0)),
+        failures=pod_failures(pods),
     )
 
 
@@ -124,4 +147,5 @@ def format_status(summary: JobStatus) -> str:
     for kind, flag, why in summary.conditions:
         lines.append(f"  condition {kind}={flag} {why}".rstrip())
     lines.append(f"  rank 0 pod: {summary.rank0_pod or 'not scheduled yet'}")
+    lines.extend(f"  {line}" for line in summary.failures)
     return "\n".join(lines)

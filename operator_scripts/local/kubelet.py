@@ -14,11 +14,13 @@ from operator_scripts.controllers.job_rules import ExitOutcome, JobRules
 from operator_scripts.local.kubelet_probe import ContainerProber
 from operator_scripts.local.node_loss import UNREACHABLE, NodeLoss, NodeLossPlan, toleration_seconds
 from operator_scripts.local.pods import HostsTable, LocalPod
+from operator_scripts.local.termination import termination_message
 from trainer.launcher.process_tree import container_exit_code
 
 
 def start_pod(pod: LocalPod, hosts: HostsTable) -> None:
     pod.folder.mkdir(parents=True, exist_ok=True)
+    pod.message_file.write_bytes(b"")  # each container instance gets an empty one
     pod.log = open(pod.log_path, "a")  # noqa: SIM115  (closed when the container ends)
     for name in (pod.name, *pod.plan.aliases):
         hosts.set(name, pod.address)
@@ -86,6 +88,7 @@ def advance_pod(
         return ""
     pod.exit_code = container_exit_code(returncode)
     pod_ended(pod, hosts)
+    pod.message = termination_message(pod.plan.container, pod.exit_code, pod.message_file, pod.log_path)
     if pod.deleting:  # the kubelet ended a pod deleted meanwhile: the controller creates it anew
         outcome, pod.deleting = rules.on_deleted(pod.state, pod.deleting), ""
     else:

@@ -24,6 +24,9 @@ from operator_scripts.controllers.pytorchjob_status import Phase, PodState
 from operator_scripts.local.kubelet_probe import ContainerProber
 from operator_scripts.local.network_policy import Endpoint, JobNetwork
 from operator_scripts.local.node_loss import NodeLoss
+from operator_scripts.local.termination import message_path
+
+MESSAGE_FILE = "termination-log"  # in the pod's folder: what the kubelet mounts at terminationMessagePath
 
 
 class LocalError(Exception):
@@ -102,6 +105,7 @@ class LocalPod:
     kill_at: float | None = None  # a liveness kill's SIGKILL, after the grace period
     node: NodeLoss | None = field(default=None, repr=False)  # its node, while it does not answer
     deleting: str = ""  # why the kubelet is ending the pod for its deletion (its exit re-creates it)
+    message: str = ""  # its container's last termination message, as the pod's status holds it
 
     @property
     def name(self) -> str:
@@ -110,6 +114,11 @@ class LocalPod:
     @property
     def log_path(self) -> Path:
         return self.folder / f"{self.plan.container_name}.log"
+
+    @property
+    def message_file(self) -> Path:
+        """The file the kubelet mounts at the container's terminationMessagePath."""
+        return self.folder / MESSAGE_FILE
 
     @property
     def labels(self) -> dict[str, str]:
@@ -312,6 +321,7 @@ def prepare(
         folder = workdir / plan.name
         mounts, empty_dirs = _mounts(plan, folder, cluster, workdir, runtime.localizes_paths)
         container = plan.container
+        mounts[message_path(container)] = folder / MESSAGE_FILE  # the kubelet's file, mounted there
         env = {**_container_env(container, inherited, cluster), **plan.env}
         argv = [expand(arg, env) for arg in [*container.get("command", []), *container.get("args", [])]]
         if runtime.localizes_paths:  # the process inherits this machine's environment, as an image's

@@ -40,10 +40,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from operator_scripts.cluster.status import failure_line
 from operator_scripts.controllers.job_rules import rules_for
 from operator_scripts.controllers.pytorchjob_status import JobCondition
 from operator_scripts.local.kubelet import advance_pod, kill_pod, lose_node, stop_pod
@@ -72,6 +73,7 @@ class LocalOutcome:
     kept_running: list[str]
     kind: str = "PyTorchJob"
     jobset_restarts: int = 0  # a TrainJob's whole-job restarts
+    messages: dict[str, str] = field(default_factory=dict)  # each pod's last termination message
 
     def summary(self) -> str:
         """The run's last line: `job NAME: Succeeded` (a TrainJob: `Complete`) or `job NAME:
@@ -84,6 +86,12 @@ class LocalOutcome:
                 f"{self.jobset_restarts} JobSet restarts"
             )
         return f"job {self.job}: {verdict}; {self.restarts} restarts counted ({limit})"
+
+    def failed_pods(self) -> list[str]:
+        """For each pod whose container last exited non-zero, `kubectl describe pod`'s view:
+        its exit code and its termination message's last line."""
+        codes = self.exit_codes.items()
+        return [failure_line(name, code, self.messages.get(name, "")) for name, code in codes if code]
 
 
 def _follow(path: Path, sink: Callable[[str], None], stop: threading.Event) -> None:
@@ -226,4 +234,5 @@ def run(
         kept_running=kept,
         kind=rules.kind,
         jobset_restarts=rules.jobset_restarts,
+        messages={pod.name: pod.message for pod in pods},
     )

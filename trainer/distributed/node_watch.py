@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 from trainer.config import WatchdogConfig
 from trainer.distributed.elastic_bounds import describe, node_bounds
 from trainer.distributed.heartbeat import DONE, Heartbeat, read_records
-from trainer.run.startup import mark_left
+from trainer.distributed.leaving import mark_left
 
 if TYPE_CHECKING:  # torch is imported where a watch starts: ddp-launch reads STORE_LOST_FILE_ENV torch-free
     import torch.distributed as dist

@@ -31,6 +31,7 @@ stop together and save (trainer/loop/preemption.py). The exit code is then 128 +
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -49,6 +50,7 @@ from trainer.config import ConfigError
 from trainer.config.argparsing import OneLineParser
 from trainer.distributed.elastic_bounds import NNODES_ENV, PET_NNODES_ENV, node_bounds
 from trainer.distributed.heartbeat import HEARTBEAT_DIR_ENV
+from trainer.distributed.leaving import LEFT_FILE_ENV
 from trainer.distributed.liveness import serve_health
 from trainer.distributed.node_watch import STORE_LOST_FILE_ENV
 from trainer.distributed.recurrence import CRASH_DIR_ENV
@@ -67,7 +69,8 @@ from trainer.launcher.rendezvous_host import (
 )
 from trainer.launcher.torchrun_output import ERROR_PREFIX, relay, say_error
 from trainer.lines import write_line
-from trainer.run.startup import EXIT_CONFIG_ERROR, FATAL_FILE_ENV, LEFT_FILE_ENV, validate
+from trainer.run.startup import EXIT_CONFIG_ERROR, FATAL_FILE_ENV, validate
+from trainer.termination_message import MESSAGE_PATH_ENV, RESULT_FILE_ENV, write_termination_message
 
 EXIT_GAVE_UP = 1
 POLL_S = 0.2
@@ -168,8 +171,12 @@ def own_name_problem() -> str | None:
     return None
 
 
+SAID: list[str] = []  # this process's own lines, newest last: the last is its verdict, if any
+
+
 def _say(line: str) -> None:
-    write_line(f"ddp-launch: {line}")
+    SAID.append(f"ddp-launch: {line}")
+    write_line(SAID[-1])
 
 
 @dataclass(frozen=True)
@@ -185,13 +192,14 @@ class PodFiles:
     crashes: Path
     store_lost: Path
     left: Path
+    result: Path
 
     @classmethod
     def of_this_process(cls) -> PodFiles:
         base = Path(tempfile.gettempdir()) / f"ddp-launch-{os.getpid()}"
         return cls(
             base.with_suffix(".fatal"), base.with_suffix(".heartbeats"), base.with_suffix(".crashes"),
-            base.with_suffix(".store-lost"), base.with_suffix(".left"),
+            base.with_suffix(".store-lost"), base.with_suffix(".left"), base.with_suffix(".result"),
         )  # fmt: skip
 
     def env(self) -> dict[str, str]:
@@ -201,7 +209,18 @@ class PodFiles:
             CRASH_DIR_ENV: str(self.crashes),
             STORE_LOST_FILE_ENV: str(self.store_lost),
             LEFT_FILE_ENV: str(self.left),
+            RESULT_FILE_ENV: str(self.result),
         }
+
+    def verdict(self, code: int) -> str:
+        """The line that ends this container with `code`: a worker's permanent error, else
+        rank 0's last line (its summary, or where a stop left the state), else, for a
+        failure, this wrapper's own last line; a success without rank 0 says nothing."""
+        for note, prefix in ((self.fatal, ERROR_PREFIX), (self.result, "")):
+            with contextlib.suppress(OSError):
+                if line := note.read_text().strip():
+                    return prefix + line.partition(ERROR_PREFIX)[2] if prefix else line
+        return SAID[-1] if SAID and code != 0 else ""
 
     def take_store_lost(self) -> bool:
         """Whether the store's host was reported lost since the last look; the report is taken."""
@@ -215,6 +234,7 @@ class PodFiles:
         self.fatal.unlink(missing_ok=True)
         self.store_lost.unlink(missing_ok=True)
         self.left.unlink(missing_ok=True)
+        self.result.unlink(missing_ok=True)
         shutil.rmtree(self.heartbeats, ignore_errors=True)
         shutil.rmtree(self.crashes, ignore_errors=True)
 
@@ -229,6 +249,7 @@ def run_torchrun(
     fatal_file = files.fatal
     files.left.unlink(missing_ok=True)  # a note the last torchrun's report did not take
     env = {**RDZV_ENV, **os.environ, **files.env(), NNODES_ENV: waiting.nnodes}
+    env.pop(MESSAGE_PATH_ENV, None)  # the container's last word is this process's (PodFiles.verdict)
     process = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", *torchrun_args],
         env=env,
@@ -277,9 +298,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         open_store(config.checkpoint).prepare()
     except ConfigError as error:
         write_line(f"{ERROR_PREFIX}{error}")
+        write_termination_message(f"{ERROR_PREFIX}{error}")
         return EXIT_CONFIG_ERROR
     if problem := own_name_problem():
-        write_line(f"ddp-launch: error: {problem}")
+        _say(f"error: {problem}")
+        write_termination_message(SAID[-1])
         return EXIT_CONFIG_ERROR
     adopt_orphans()
     for sig in (signal.SIGTERM, signal.SIGINT):  # while waiting: leave at once
@@ -293,9 +316,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError as error:
             where = f"{options.health_address or '*'}:{options.health_port}"
             _say(f"error: --health-port {options.health_port}: cannot listen on {where} ({error.strerror})")
+            write_termination_message(SAID[-1])
             return EXIT_CONFIG_ERROR
     try:
-        return _launch(options, torchrun_args, target, files)
+        code = _launch(options, torchrun_args, target, files)
+        write_termination_message(files.verdict(code))
+        return code
     finally:
         if server is not None:
             server.shutdown()

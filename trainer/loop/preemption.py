@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from trainer.distributed.process_group import wait_for_peers
 from trainer.telemetry.log import event
+from trainer.termination_message import conclude
 
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 SAFETY_MARGIN_S = 3.0
@@ -157,9 +158,10 @@ def report_stop(
     )
     if published and newest_step == step:
         event(log, "stopped", f"{stopped_at}: saved {location}", step=step, signal_step=signal_step)
+        conclude(f"{stopped_at}: saved {location}")
     else:
         why = "its write failed" if published else "its write did not finish before the shutdown deadline"
-        log.error(
-            "%s: NOT saved (%s); the newest checkpoint is step %s; the newer state is %s",
-            stopped_at, why, newest_step, elsewhere,
-        )  # fmt: skip
+        newest = f"the newest checkpoint is step {newest_step}; the newer state is {elsewhere}"
+        line = f"{stopped_at}: NOT saved ({why}); {newest}"
+        log.error(line)
+        conclude(line)

@@ -24,6 +24,7 @@ from trainer.config.plugin_errors import PluginIOError
 from trainer.data import DataSplits, build_data
 from trainer.data.identity import DataIdentity, identify
 from trainer.distributed.heartbeat import Heartbeat, heartbeat_dir
+from trainer.distributed.leaving import mark_left
 from trainer.distributed.node_watch import start_node_watch
 from trainer.distributed.process_group import DistContext, peer_lost, process_group, select_device
 from trainer.distributed.recurrence import Crash, RecurringCrash, check_recurrence
@@ -35,9 +36,11 @@ from trainer.loop.preemption import LEASE_LOST, Stopped, StopSignal
 from trainer.loop.probe import probe_plugins
 from trainer.models import build_model
 from trainer.run.ownership import Ownership, lease_lost, take_location
-from trainer.run.startup import EXIT_PEER_LOST, mark_left, report, say
+from trainer.run.startup import EXIT_PEER_LOST, report, say
 from trainer.telemetry.log import setup_logging
 from trainer.telemetry.metrics import prepare_multiprocess_dir, start_metrics
+from trainer.telemetry.progress import summary_line
+from trainer.termination_message import conclude
 
 
 def train(config: Config, context: DistContext) -> int:
@@ -178,7 +181,9 @@ def _train_in_group(
                     prepared.ownership.lineage,
                     writer,
                 )
-                trainer.run()
+                summary = trainer.run()
+                if context.is_main:
+                    conclude(summary_line(summary))
             except ConfigError as error:
                 return report(error, context)
             except Stopped as stopped:  # every rank stopped together: leave together

@@ -17,6 +17,7 @@ from trainer.config.registry import DATASETS, MODELS
 from trainer.distributed.recurrence import RecurringCrash
 from trainer.lines import first_to_say, write_line
 from trainer.run.arguments import parse_args
+from trainer.termination_message import write_termination_message
 
 if TYPE_CHECKING:  # torch-free: ddp-launch validates before torchrun, and torch is most of a pod's start
     from trainer.distributed.process_group import DistContext
@@ -27,16 +28,6 @@ SECOND_VOICE_S = 0.5  # how long a rank lets its node's first rank say an error 
 # set by `ddp-launch`: a configuration error found inside a worker is written here, so that
 # the launcher stops torchrun at once instead of letting it retry what cannot succeed
 FATAL_FILE_ENV = "TRAINER_FATAL_FILE"
-# set by `ddp-launch`: a worker that ends its node's ranks on purpose (a peer lost, said in its
-# own line) notes it here, so that torchrun's report of the exit is not shown as a crash
-LEFT_FILE_ENV = "TRAINER_LEFT_FILE"
-
-
-def mark_left(why: str) -> None:
-    """Tell the launcher that this node's workers end on purpose, and why."""
-    if LEFT_FILE_ENV in os.environ:
-        with contextlib.suppress(OSError):
-            Path(os.environ[LEFT_FILE_ENV]).write_text(why + "\n")
 
 
 def validate(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Config]:
@@ -82,4 +73,6 @@ def report(error: ConfigError | RecurringCrash, context: DistContext) -> int:
     if FATAL_FILE_ENV in os.environ:
         with contextlib.suppress(OSError):
             Path(os.environ[FATAL_FILE_ENV]).write_text(line + "\n")
+    else:  # run alone: its line is the container's
+        write_termination_message(line)
     return EXIT_CONFIG_ERROR
