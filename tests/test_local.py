@@ -423,7 +423,8 @@ def test_the_docker_runtime_runs_each_pod_as_its_manifest_says(tmp_path):
         mounts[fields["target"]] = spec
     secret_mount = "/var/run/secrets/ddp-trainer/s3"
     read_only = {"/etc/hosts", "/etc/nsswitch.conf", "/etc/ddp-trainer", secret_mount}
-    assert set(mounts) == {*read_only, "/dev/shm", "/tmp"}
+    # writable where the kubelet mounts it too: the termination message file
+    assert set(mounts) == {*read_only, "/dev/shm", "/tmp", "/dev/termination-log"}
     assert {target for target, spec in mounts.items() if spec.endswith(",readonly")} == read_only
     assert f"source={hosts.path}," in mounts["/etc/hosts"] and f"source={pods[1].folder}/" in mounts["/tmp"]
     assert values_of("--entrypoint") == container["command"][:1]

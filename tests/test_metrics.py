@@ -88,7 +88,11 @@ def test_metrics_port_zero_serves_nothing(workdir):
     )
     assert completed.returncode == 0 and "metrics on" not in completed.stdout
     history = [json.loads(line) for line in (workdir / "h.jsonl").read_text().splitlines()]
-    assert [record["step"] for record in history] == [3] and "samples_per_second" in history[0]
+    assert [(record.get("event", "progress"), record["step"]) for record in history] == [
+        ("progress", 3),
+        ("validation", 3),
+    ]
+    assert "samples_per_second" in history[0] and 0 <= history[1]["val_accuracy"] <= 1
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1)
 

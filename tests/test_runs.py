@@ -193,7 +193,8 @@ def test_a_slow_rank_is_the_straggler_and_the_split_accounts_for_the_wall_clock(
         cwd=workdir, env=process_env(), capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-3000:]
-    history = [json.loads(line) for line in (workdir / "history.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (workdir / "history.jsonl").read_text().splitlines()]
+    history = [record for record in records if "event" not in record]  # progress, not validations
     assert [line["step"] for line in history] == [10, 20, 30, 40, 50, 60]
     for line in history:
         assert line["slowest_rank"] == 1 and line["straggler_lag"] > 0.5, line  # max < 1 at 2 ranks

@@ -20,7 +20,8 @@ from trainer.launcher.process_tree import container_exit_code
 
 def start_pod(pod: LocalPod, hosts: HostsTable) -> None:
     pod.folder.mkdir(parents=True, exist_ok=True)
-    pod.message_file.write_bytes(b"")  # each container instance gets an empty one
+    pod.message_file.write_bytes(b"")  # each container instance gets an empty one, which
+    pod.message_file.chmod(0o666)  # a non-root container may write (the kubelet's chmod)
     pod.log = open(pod.log_path, "a")  # noqa: SIM115  (closed when the container ends)
     for name in (pod.name, *pod.plan.aliases):
         hosts.set(name, pod.address)
