@@ -262,5 +262,7 @@ def test_a_shipped_model_with_a_bug_fails_in_one_line_before_any_step(tmp_path, 
     assert "Traceback" not in rank0, rank0[-3000:]
     (error,) = [line for line in rank0.splitlines() if "trainer: error:" in line]
     assert re.fullmatch(said, error), error
-    # the pod's termination message, as the kubelet reads it and `kubectl describe pod` shows it
-    assert f"pod ddp-run-ddp-trainer-worker-0: exit 2: {error}" in completed.stderr.splitlines(), output
+    # the failed pod's termination message, as the kubelet reads it and `kubectl describe pod`
+    # shows it: whichever pod failed first (the other is deleted), the trainer's one line
+    failed = re.search(r"Failed \(pod (\S+) exited with code 2", completed.stdout)[1]
+    assert f"pod {failed}: exit 2: {error}" in completed.stderr.splitlines(), output

@@ -229,3 +229,4 @@ def stop_pod(pod: LocalPod) -> None:
     kill_pod(pod, signal.SIGKILL)
     pod.exit_code = container_exit_code(pod.process.wait())
     pod.process = None
+    pod.message = termination_message(pod.plan.container, pod.exit_code, pod.message_file, pod.log_path)
