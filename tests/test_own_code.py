@@ -263,6 +263,10 @@ def test_a_shipped_model_with_a_bug_fails_in_one_line_before_any_step(tmp_path, 
     (error,) = [line for line in rank0.splitlines() if "trainer: error:" in line]
     assert re.fullmatch(said, error), error
     # the failed pod's termination message, as the kubelet reads it and `kubectl describe pod`
-    # shows it: whichever pod failed first (the other is deleted), the trainer's one line
+    # shows it: whichever pod failed first (the other is deleted), its trainer's one line
     failed = re.search(r"Failed \(pod (\S+) exited with code 2", completed.stdout)[1]
-    assert f"pod {failed}: exit 2: {error}" in completed.stderr.splitlines(), output
+    its_log = (tmp_path / "pods" / failed / "pytorch.log").read_text()
+    (its_error,) = [line for line in its_log.splitlines() if "trainer: error:" in line]
+    message = "trainer: error: " + its_error.partition("trainer: error: ")[2]  # no [rank N] prefix
+    assert re.fullmatch(said, message), message
+    assert f"pod {failed}: exit 2: {message}" in completed.stderr.splitlines(), output
