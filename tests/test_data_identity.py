@@ -131,6 +131,8 @@ def test_a_resume_on_other_data_is_refused_naming_the_ways_on_or_allowed_to_rest
     )
     with pytest.raises(CheckpointError, match=r"start a new run \(or remove checkpoints/digits-cnn\)$"):
         data_changes(saved, now, config, step=25, epoch=2, uri="checkpoints/digits-cnn")  # a laptop's
+    with pytest.raises(CheckpointError, match="keep the weights and go on from epoch 3 on this data"):
+        data_changes(saved, now, config, step=38, epoch=3, uri="x", mid_epoch=False)  # at an epoch's end
     restart = replace(config, on_change="restart_epoch")
     assert data_changes(saved, now, restart, step=25, epoch=2, uri="x") == now.differences(
         DataIdentity.from_tree(saved)

@@ -130,11 +130,17 @@ def decided_by_rank0(context: DistContext, decide: Callable[[], T]) -> T:
 
 
 def data_changes(
-    saved: dict[str, Any] | None, now: DataIdentity, config: DataConfig, step: int, epoch: int, uri: str
+    saved: dict[str, Any] | None,
+    now: DataIdentity,
+    config: DataConfig,
+    step: int,
+    epoch: int,
+    uri: str,
+    mid_epoch: bool = True,
 ) -> list[str]:
     """What differs from the data `step` was trained on (`trainer.data.identity`), in
-    epoch `epoch` (from 1): empty for the same data; a CheckpointError under
-    `data.on_change=refuse`, which names the ways on."""
+    epoch `epoch` (from 1; `mid_epoch`: part of it trained): empty for the same data; a
+    CheckpointError under `data.on_change=refuse`, which names the ways on."""
     if saved is None:  # written before checkpoints recorded their data: nothing to compare
         return []
     differences = now.differences(DataIdentity.from_tree(saved))
@@ -145,7 +151,8 @@ def data_changes(
             value,
             f"step {step} in {uri} was trained on other data ({'; '.join(differences)}): restore "
             f"that data to resume exactly, set data.on_change=restart_epoch to keep the weights and "
-            f"train epoch {epoch} again from its start on this data, or {new_run(uri)}",
+            f"{f'train epoch {epoch} again from its start' if mid_epoch else f'go on from epoch {epoch}'} "
+            f"on this data, or {new_run(uri)}",
         )
     return differences
 

@@ -104,7 +104,10 @@ class TrainingState:
         epoch = state["progress"]["epoch"] + 1
         saved_data = state.get("data")
         data_changed = decided_by_rank0(
-            context, lambda: data_changes(saved_data, self.data, config.data, step, epoch, uri)
+            context,
+            lambda: data_changes(
+                saved_data, self.data, config.data, step, epoch, uri, state["progress"]["epoch_position"] > 0
+            ),
         )
         try:
             self.module.load_state_dict(state["model"])
