@@ -67,7 +67,7 @@ from trainer.launcher.rendezvous_host import (
     torchrun_option,
     wait_for_host,
 )
-from trainer.launcher.torchrun_output import ERROR_PREFIX, relay, say_error
+from trainer.launcher.torchrun_output import ERROR_PREFIX, fatal_line, relay, say_error
 from trainer.lines import write_line
 from trainer.run.startup import EXIT_CONFIG_ERROR, FATAL_FILE_ENV, validate
 from trainer.termination_message import MESSAGE_PATH_ENV, RESULT_FILE_ENV, write_termination_message
@@ -216,10 +216,11 @@ class PodFiles:
         """The line that ends this container with `code`: a worker's permanent error, else
         rank 0's last line (its summary, or where a stop left the state), else, for a
         failure, this wrapper's own last line; a success without rank 0 says nothing."""
-        for note, prefix in ((self.fatal, ERROR_PREFIX), (self.result, "")):
-            with contextlib.suppress(OSError):
-                if line := note.read_text().strip():
-                    return prefix + line.partition(ERROR_PREFIX)[2] if prefix else line
+        if line := fatal_line(self.fatal):
+            return line
+        with contextlib.suppress(OSError):
+            if line := self.result.read_text().strip():
+                return line
         return SAID[-1] if SAID and code != 0 else ""
 
     def take_store_lost(self) -> bool:

@@ -75,8 +75,15 @@ def _write_unless_signal(traceback: list[bytes]) -> None:
     sys.stderr.buffer.flush()
 
 
-def say_error(fatal_file: Path) -> None:
-    """The fatal error as rank 0 would have put it: one line, without the rank's prefix."""
+def fatal_line(fatal_file: Path) -> str:
+    """The fatal error as rank 0 would have put it: one line, without the rank's prefix; ''
+    where no worker reported one."""
     with contextlib.suppress(OSError):
-        line = fatal_file.read_text().strip()
-        write_line(ERROR_PREFIX + line.partition(ERROR_PREFIX)[2])
+        if line := fatal_file.read_text().strip():
+            return ERROR_PREFIX + line.partition(ERROR_PREFIX)[2]
+    return ""
+
+
+def say_error(fatal_file: Path) -> None:
+    if line := fatal_line(fatal_file):
+        write_line(line)
