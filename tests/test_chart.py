@@ -102,7 +102,7 @@ def test_bad_nccl_values_are_refused_at_render(sets, named):
         ("trainer.config.train.batch_size=0", "trainer.config.train.batch_size=0: must be greater than 0"),
         (
             "trainer.config.train.amp=fp8",
-            "trainer.config.train.amp='fp8': did you mean 'fp16'? must be 'off', 'bf16' or 'fp16'",
+            "trainer.config.train.amp='fp8': did you mean 'fp16'? must be 'auto', 'off', 'bf16' or 'fp16'",
         ),
         (  # what DDP sends is the trainer's setting too, checked at render like every key
             "trainer.config.ddp.comm_hook=bf17",

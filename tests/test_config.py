@@ -78,7 +78,7 @@ def test_unknown_key_suggests_the_nearest():
     ("override", "suggested"),
     [
         ("optim.name=adamww", "did you mean 'adamw'? must be 'adamw' or 'sgd'"),
-        ("train.amp=bf61", "did you mean 'bf16'? must be 'off', 'bf16' or 'fp16'"),
+        ("train.amp=bf61", "did you mean 'bf16'? must be 'auto', 'off', 'bf16' or 'fp16'"),
         ("checkpoint.snapshot_every_steps=aut", "did you mean 'auto'? must be 'auto' or"),
     ],
 )
@@ -91,7 +91,7 @@ def test_a_mistyped_choice_suggests_the_nearest(override, suggested):
 def test_a_choice_near_none_gets_no_suggestion():
     with pytest.raises(ConfigError) as raised:
         load_config(None, ["train.amp=zzz"])
-    assert str(raised.value) == "train.amp='zzz': must be 'off', 'bf16' or 'fp16'"
+    assert str(raised.value) == "train.amp='zzz': must be 'auto', 'off', 'bf16' or 'fp16'"
 
 
 @pytest.mark.parametrize("kind", [ConfigError, CheckpointError, DataError])
@@ -109,7 +109,7 @@ BAD = [
     (["--set", "train.grad_accum_steps=0"], "train.grad_accum_steps=0", "greater than 0"),
     (["--set", "train.batchsize=3"], "train.batchsize=3", "did you mean train.batch_size"),
     (["--set", "train.epochs=ten"], "train.epochs='ten'", "valid integer"),
-    (["--set", "train.amp=fp32"], "train.amp='fp32'", "'off', 'bf16' or 'fp16'"),
+    (["--set", "train.amp=fp32"], "train.amp='fp32'", "'auto', 'off', 'bf16' or 'fp16'"),
     (["--set", "train.amp=fp16,train.device=cpu"], "train.amp='fp16'", "needs a CUDA device"),
     (["--set", "train.device=cuda"], "train.device='cuda'", "no CUDA device"),  # where there is none
     (["--set", "optim.lr=0"], "optim.lr=0", "greater than 0"),

@@ -14,6 +14,7 @@ from trainer.checkpoint.location import open_store
 from trainer.config import Config, ConfigError, dump_yaml
 from trainer.config.plugin_errors import PluginIOError
 from trainer.distributed.process_group import read_env
+from trainer.run.device_defaults import for_device
 from trainer.run.lifecycle import build_and_probe, train
 from trainer.run.startup import EXIT_PEER_LOST, report, say, validate
 
@@ -45,6 +46,7 @@ def checked_data(config: Config) -> str:
     batch through the model on the CPU; a dataset in S3 is read by the pods, not here."""
     if config.data.path.startswith("s3://"):
         return f"data {config.data.name} (its {config.data.path} is read and checked in the pods)"
-    splits, _ = build_and_probe(config, 1, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    splits, _ = build_and_probe(for_device(config, cpu), 1, cpu)
     model = config.model.name
     return f"data {config.data.name} ({len(splits.train):,} training samples, a batch through {model})"

@@ -112,14 +112,23 @@ class EarlyStoppingConfig:
 
 @dataclass(config=_SECTION)
 class TrainConfig:
-    """The loop: batch per rank, length, precision and clipping."""
+    """The loop: batch per rank, length, precision, compilation and clipping.
+
+    `auto` means what the device runs fastest with: `amp` bf16 autocast on CUDA, off (fp32)
+    on CPU; `compile` the whole model on CUDA, off on CPU (`trainer.loop.compiling`).
+    `tf32` lets fp32 matmuls and convolutions on CUDA use TF32 (matmul precision "high").
+    `compile_cache` `shared` keeps the compiled graphs beside the checkpoints too, so that a
+    new pod does not compile again; `local` only in the node's own cache folder."""
 
     epochs: PositiveInt = 10
     max_steps: NonNegativeInt = 0
     batch_size: PositiveInt = 32
     eval_batch_size: PositiveInt = 256
     grad_accum_steps: PositiveInt = 1
-    amp: Literal["off", "bf16", "fp16"] = "off"
+    amp: Literal["auto", "off", "bf16", "fp16"] = "auto"
+    tf32: bool = True
+    compile: Literal["auto", "off", "model", "blocks"] = "auto"
+    compile_cache: Literal["shared", "local"] = "shared"
     clip_grad_norm: NonNegativeFloat = 1.0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     early_stopping: EarlyStoppingConfig = dataclasses.field(default_factory=EarlyStoppingConfig)
@@ -218,14 +227,16 @@ class DdpConfig:
     approximation of each gradient matrix, with plain all-reduces for its first
     `powersgd_start_step` steps and error feedback after, which is part of the training
     state. `bucket_cap_mb` sizes the all-reduces that overlap the backward pass;
-    `static_graph` and `gradient_as_bucket_view` are DDP's own switches."""
+    `static_graph` and `gradient_as_bucket_view` are DDP's own switches; the gradients as
+    views of the buckets save a copy and a model's worth of memory, and train bit for bit
+    as without (tests/test_runs.py, the accumulation test)."""
 
     comm_hook: Literal["none", "bf16", "fp16", "powersgd"] = "none"
     powersgd_rank: PositiveInt = 1
     powersgd_start_step: Annotated[int, Field(strict=True, ge=2)] = 100
     bucket_cap_mb: PositiveFloat = 25.0
     static_graph: bool = False
-    gradient_as_bucket_view: bool = False
+    gradient_as_bucket_view: bool = True
 
 
 @dataclass(config=_SECTION)
@@ -234,9 +245,10 @@ class WatchdogConfig:
 
     Each phase (a step, validation, a checkpoint's blocking part, ...) may take `multiple`
     times its longest recent duration, at least `floor_s`; start-up, the resume and a
-    phase not yet seen may take `first_s`. A number for `timeout_s` fixes every seen
-    phase's limit instead. A rank over its limit is named, its stack printed, and it is
-    killed, so that torchrun restarts the group from the newest snapshot.
+    phase not yet seen may take `first_s`, and the first compiled step `compile_s`. A
+    number for `timeout_s` fixes every seen phase's limit instead. A rank over its limit
+    is named, its stack printed, and it is killed, so that torchrun restarts the group
+    from the newest snapshot.
 
     Across nodes (`nodes`, `trainer.distributed.node_watch`), each node's first rank
     publishes its progress every `node_poll_s` and reads the others'; a node silent for
@@ -249,6 +261,7 @@ class WatchdogConfig:
     multiple: Annotated[float, Field(ge=1)] = 5.0
     floor_s: PositiveFloat = 5.0
     first_s: PositiveFloat = 600.0
+    compile_s: PositiveFloat = 1800.0
     poll_s: Annotated[float, Field(gt=0, le=10)] = 0.5
     nodes: bool = True
     node_timeout_s: Literal["auto"] | PositiveFloat = "auto"

@@ -54,13 +54,17 @@ def eval_loader(
     rank: int,
     world_size: int,
     device: torch.device,
+    persistent: bool = False,
 ) -> DataLoader:
-    """In order and padded by DistributedSampler; evaluation masks the padding out.
+    """In order and padded by DistributedSampler; evaluation masks the padding out. A
+    `persistent` loader (validation's, used every epoch) keeps its workers between
+    evaluations as `data.persistent_workers` says, instead of starting them each time.
 
     A generator of its own, as the training loader's: each evaluation's iterator would
     otherwise draw from the global RNG, and training after it would see other dropout masks
     depending on where it ran (the world size of the round that validated an epoch's end)."""
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False, drop_last=False)
     options = _loader_options(config, device)
-    options["persistent_workers"] = False
+    if "persistent_workers" in options:
+        options["persistent_workers"] = persistent and config.persistent_workers
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, generator=torch.Generator(), **options)

@@ -4,8 +4,8 @@ A rank that stops making progress (a process stopped or paged out, a deadlock, a
 kernel, a storage stall) crashes nothing: its peers wait in the next collective and
 torchrun, which only polls for exits, sees healthy workers. So every rank keeps one
 64-byte record in a node-local file, mapped into memory: the phase it is in (start-up,
-resume, step, validation, checkpoint, test, finish), since when, its last step, and how
-long that phase may take. The watchdog (`trainer.distributed.watchdog`, a separate
+resume, the first step's compile, step, validation, checkpoint, test, finish), since when,
+its last step, and how long that phase may take. The watchdog (`trainer.distributed.watchdog`, a separate
 process) reads the records and acts on one that overruns.
 
 A phase's limit is derived from what was observed: `multiple` times the longest recent
@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the watchdog process reads records without the config's imports
     from trainer.config import WatchdogConfig
 
-PHASES = ("start-up", "resume", "step", "validation", "checkpoint", "test", "finish", "done")
-STARTUP, RESUME, STEP, VALIDATION, CHECKPOINT, TEST, FINISH, DONE = PHASES
+PHASES = ("start-up", "resume", "step", "validation", "checkpoint", "test", "finish", "done", "compile")
+STARTUP, RESUME, STEP, VALIDATION, CHECKPOINT, TEST, FINISH, DONE, COMPILE = PHASES
 # pid, rank, step, phase, since (CLOCK_MONOTONIC, the same in every process of a host),
 # limit in seconds, the main thread's id (to find its stack in a dump), a write counter
 _LAYOUT = struct.Struct("<qqqqddQq")

@@ -51,6 +51,13 @@ PRELOAD = ("trainer.cli", "torch._dynamo")
 IMPORT_TIME_ENV = (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH", "PYTHONHASHSEED", "LD_PRELOAD", "TORCH_CPP_LOG_LEVEL",
 )  # fmt: skip
+# dynamo's and inductor's configs, which `torch._dynamo` imports, read these when installed
+# (torch/utils/_config_module.py:318 in torch 2.13, "environment variables are read at
+# install time"): a child would compile under the server's settings, not its worker's
+IMPORT_TIME_PREFIXES = ("TORCHDYNAMO_", "TORCHINDUCTOR_", "TORCH_COMPILE", "TORCH_LOGS", "TRITON_")
+# as the server started: importing torch sets some (TORCHINDUCTOR_CACHE_DIR, by inductor's
+# `cache_dir()`), which a worker's own environment does not have
+STARTING_ENV = dict(os.environ)
 IMPORT_NICENESS = 19
 AUTOGROUP = Path("/proc/self/autogroup")
 ORDER_TIMEOUT_S = 5.0
@@ -205,7 +212,14 @@ def _refusal(order: Order) -> str | None:
         return "the server runs threads: a fork would copy their locks"
     if sys.modules["torch"].cuda.is_initialized():
         return "the server has initialised CUDA, which a forked child cannot use"
-    differing = [key for key in IMPORT_TIME_ENV if order.env.get(key) != os.environ.get(key)]
+    return differing_import_time_env(order.env, STARTING_ENV)
+
+
+def differing_import_time_env(worker: dict[str, str], server: dict[str, str]) -> str | None:
+    """Which variables read at import time the worker's environment sets otherwise than the
+    server's, said as the refusal; None where they agree."""
+    keys = set(IMPORT_TIME_ENV) | {key for key in {*worker, *server} if key.startswith(IMPORT_TIME_PREFIXES)}
+    differing = sorted(key for key in keys if worker.get(key) != server.get(key))
     return f"{', '.join(differing)} differ from the server's" if differing else None
 
 

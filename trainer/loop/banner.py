@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch.distributed as dist
 
@@ -34,6 +35,26 @@ class RunFacts:
     snapshot_every: int
     epoch_restarted_after: int | None  # samples of the epoch seen before its data changed
 
+    @classmethod
+    def of(cls, trainer: Any) -> RunFacts:
+        """The facts of a planned `trainer.loop.engine.Trainer` (not imported: the engine
+        imports this module)."""
+        return cls(
+            device=str(trainer.device),
+            device_name=trainer.device_name,
+            parameters=sum(p.numel() for p in trainer.module.parameters()),
+            train_samples=len(trainer.splits.train),
+            tokens_per_sample=trainer.splits.spec.tokens_per_sample,
+            flops_per_sample=trainer.flops_per_sample,
+            peak_flops=trainer.peak_flops,
+            steps_per_epoch=trainer.steps_per_epoch,
+            total_steps=trainer.total_steps,
+            checkpoint_uri=trainer.checkpointer.store.uri,
+            epoch=trainer.progress.epoch + 1,
+            snapshot_every=trainer.checkpoints.snapshot_every,
+            epoch_restarted_after=trainer.restored.epoch_restarted_after,
+        )
+
 
 def announce_start(
     log: logging.Logger,
@@ -59,6 +80,7 @@ def announce_start(
         "device_name": facts.device_name,
         "backend": backend,
         "amp": config.train.amp,
+        "compile": config.train.compile,
         "global_batch": math.global_batch,
         "lr": math.lr,
         "dataset": config.data.name,
@@ -75,11 +97,15 @@ def announce_start(
     }
     nodes = plural(context.num_nodes, "node")
     procs = plural(context.local_world_size, "process", "processes")
+    train = config.train
+    amp = f", amp {train.amp}" * (train.amp != "off")
+    precision = amp + f", compile {train.compile}" * (train.compile != "off")
     event(
         log,
         "start",
         f"rank 0 on host {context.hostname}: world size {context.world_size} ({nodes} x {procs}), "
-        f"device {facts.device} ({backend}), run id {context.run_id}, restart {context.restart_count}",
+        f"device {facts.device} ({backend}{precision}), run id {context.run_id}, "
+        f"restart {context.restart_count}",
         **fields,
     )
     event(log, "batch_math", math.describe(), **math.as_fields())

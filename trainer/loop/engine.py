@@ -22,12 +22,14 @@ from trainer.checkpoint.writer_start import WriterHandle
 from trainer.config import Config
 from trainer.config.registry import DATASETS
 from trainer.data import DataSplits, train_loader
+from trainer.data.device_prefetch import on_device
 from trainer.data.identity import DataIdentity
 from trainer.distributed import heartbeat as phases
 from trainer.distributed.heartbeat import Heartbeat
 from trainer.distributed.process_group import DistContext, broadcast_flag, broadcast_object
 from trainer.loop.banner import RunFacts, announce_start
 from trainer.loop.checkpoint_policy import CheckpointPolicy
+from trainer.loop.compiled_run import CompiledRun
 from trainer.loop.ddp import wrap
 from trainer.loop.evaluate import Evaluator
 from trainer.loop.optim import LRSchedule, batch_math, build_optimizer
@@ -117,6 +119,8 @@ class Trainer:
         self.flops_per_sample: float | None = getattr(module, "flops_per_sample", None)
         self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         self.peak_flops = peak_flops(config.metrics, self.device_name)
+        store = checkpointer.store
+        self.compiled = CompiledRun(config, store, self.device_name, context.is_main, heartbeat, logger)
         shape = RunShape(
             self.math.global_batch,
             config.train.epochs,
@@ -138,6 +142,7 @@ class Trainer:
             drain_s = self.config.checkpoint.drain_timeout_s
             with self.heartbeat.phase(phases.FINISH, limit_s=drain_s + self.solo_budget_s):
                 self.checkpoints.close(drain_s)
+                self.compiled.wait(drain_s)  # the compile cache's upload, if one runs
 
     def _run(self) -> dict[str, Any]:
         self.checkpoints.open_snapshots(self.state.size_bytes(self.config.optim, self.context.world_size))
@@ -146,6 +151,7 @@ class Trainer:
             self.heartbeat.resumed_at(self.progress.step)
         self._plan()
         self.checkpoints.start()
+        self.compiled.compile(self.module)  # the forward, in place: DDP wraps the compiled module
         self.model = wrap(self.module, self.device, self.config.ddp, self.powersgd)
         lap_when_backward_ends(self.module, self.clock)
         announce_start(
@@ -154,7 +160,7 @@ class Trainer:
             self.config,
             self.context,
             self.math,
-            self._facts(),
+            RunFacts.of(self),
             self.resume_point,
             self.restored.notes,
         )
@@ -181,6 +187,7 @@ class Trainer:
         self.metrics.checkpoints(self.checkpoints.stats, self.progress.step)
         self.metrics.flush()
         test = self.evaluator.test()
+        self.compiled.settle()
         summary = {
             "steps": self.progress.step,
             "epochs_completed": self.progress.epoch,
@@ -194,23 +201,6 @@ class Trainer:
         event(self.log, "summary", summary_line(summary), **summary)
         return summary
 
-    def _facts(self) -> RunFacts:
-        return RunFacts(
-            device=str(self.device),
-            device_name=self.device_name,
-            parameters=sum(p.numel() for p in self.module.parameters()),
-            train_samples=len(self.splits.train),
-            tokens_per_sample=self.splits.spec.tokens_per_sample,
-            flops_per_sample=self.flops_per_sample,
-            peak_flops=self.peak_flops,
-            steps_per_epoch=self.steps_per_epoch,
-            total_steps=self.total_steps,
-            checkpoint_uri=self.checkpointer.store.uri,
-            epoch=self.progress.epoch + 1,
-            snapshot_every=self.checkpoints.snapshot_every,
-            epoch_restarted_after=self.restored.epoch_restarted_after,
-        )
-
     # ----- training ----------------------------------------------------------------------
 
     def _fit(self) -> None:
@@ -218,6 +208,7 @@ class Trainer:
         window = Window()
         self.stop.start_training(self.device)
         self.clock.lap(None)  # the set-up before the first step is no step's
+        self.compiled.enter_first_step()
         try:
             with bar, logs_above_the_bar(bar, self.log):
                 while not self._finished():
@@ -241,7 +232,8 @@ class Trainer:
                 with lapped(self.clock, CHECKPOINT):
                     self._save(wait_s=self.solo_budget_s)
             return
-        batches = DATASETS.reading(self.config.data.name, iter(self.loader))  # a plug-in's error: its line
+        # a plug-in's error is its one line; on CUDA the next batch copies while a step runs
+        batches = on_device(DATASETS.reading(self.config.data.name, iter(self.loader)), self.device)
         samples_per_step = self.math.global_batch
         for index in range(steps):
             started = time.perf_counter()
@@ -320,6 +312,7 @@ class Trainer:
         """Start gathering this window's progress line. At the last step every step's time
         is waited for, so the last line covers them all."""
         self._account(window, wait=self.progress.step == self.total_steps)
+        self.compiled.settle()
         self.progress_log.gather(
             window,
             step=self.progress.step,
@@ -343,6 +336,7 @@ class Trainer:
     def _end_epoch(self) -> None:
         """Validate, let early stopping decide (rank 0's decision for all), move to the next epoch."""
         metrics = self.evaluator.validate(self.progress.step)
+        self.compiled.settle()
         stop = broadcast_flag(self.stopper.update(metrics), self.device)
         self.progress.epoch += 1
         self.progress.epoch_position = 0

@@ -96,10 +96,24 @@ class Evaluator:
         self.autocast = autocast_for(device, config.train.amp)
         self.val_metrics: dict[str, float] = {}
         self.last_validated: int | None = None
+        self.val_loader: DataLoader | None = None  # built once: its workers stay
+
+    def _loader(self, dataset: torch.utils.data.Dataset, *, persistent: bool) -> DataLoader:
+        return eval_loader(
+            dataset,
+            self.config.data,
+            batch_size=self.config.train.eval_batch_size,
+            rank=self.context.rank,
+            world_size=self.context.world_size,
+            device=self.device,
+            persistent=persistent,
+        )
 
     def validate(self, step: int) -> dict[str, float]:
         with self.heartbeat.phase(phases.VALIDATION):
-            metrics = self._evaluate(self.splits.val)
+            if self.val_loader is None:
+                self.val_loader = self._loader(self.splits.val, persistent=True)
+            metrics = evaluate(self.module, self.val_loader, self.device, self.autocast)
         self.val_metrics, self.last_validated = metrics, step
         self.metrics.validation(metrics["loss"], metrics["accuracy"])
         log_validation(self.log, step, metrics)
@@ -110,15 +124,7 @@ class Evaluator:
 
     def test(self) -> dict[str, float]:
         with self.heartbeat.phase(phases.TEST):
-            return self._evaluate(self.splits.test) if len(self.splits.test) else {}
-
-    def _evaluate(self, dataset: torch.utils.data.Dataset) -> dict[str, float]:
-        loader = eval_loader(
-            dataset,
-            self.config.data,
-            batch_size=self.config.train.eval_batch_size,
-            rank=self.context.rank,
-            world_size=self.context.world_size,
-            device=self.device,
-        )
-        return evaluate(self.module, loader, self.device, self.autocast)
+            if not len(self.splits.test):
+                return {}
+            loader = self._loader(self.splits.test, persistent=False)
+            return evaluate(self.module, loader, self.device, self.autocast)

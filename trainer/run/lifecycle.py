@@ -35,6 +35,7 @@ from trainer.loop.plan import steps_per_epoch
 from trainer.loop.preemption import LEASE_LOST, Stopped, StopSignal
 from trainer.loop.probe import probe_plugins
 from trainer.models import build_model
+from trainer.run.device_defaults import allow_tf32, for_device
 from trainer.run.ownership import Ownership, lease_lost, take_location
 from trainer.run.startup import EXIT_PEER_LOST, report, say
 from trainer.telemetry.log import setup_logging
@@ -89,10 +90,9 @@ class Prepared:
     ownership: Ownership
 
 
-def prepare(config: Config, context: DistContext, stop: StopSignal) -> Prepared:
+def prepare(config: Config, context: DistContext, stop: StopSignal, device: torch.device) -> Prepared:
     """Build data and model and try them on one batch, then the store; rank 0 then takes
     the location (trainer.run.ownership). Raises ConfigError, holding no lease then."""
-    device = select_device(config.train.device, context)
     splits, module = build_and_probe(config, context.world_size, device)
     data = identify(config.data, splits)
     checkpointer = Checkpointer(
@@ -134,8 +134,11 @@ def _train(
     heartbeat: Heartbeat,
 ) -> int:
     stop = StopSignal()
+    device = select_device(config.train.device, context)
+    config = for_device(config, device)
+    allow_tf32(config, device)
     try:
-        prepared = prepare(config, context, stop)
+        prepared = prepare(config, context, stop, device)
     except ConfigError as error:
         return report(error, context)
     try:

@@ -1,0 +1,33 @@
+"""What `auto` means once the device is known, and the CUDA math a run allows itself.
+
+On CUDA the defaults are what nanoGPT and torchtitan train with: bf16 autocast (no loss
+scaling needed, unlike fp16), the model compiled, and TF32 for what still runs in fp32
+(`set_float32_matmul_precision("high")`: matmuls in TF32, about 8x an H100's fp32 rate,
+with a 10-bit mantissa; cuDNN's convolutions likewise). On CPU, fp32 and eager: bf16 on CPU
+is slow where the CPU lacks AMX, and inductor's C++ compile costs more than a demo's run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from trainer.config import Config
+
+
+def for_device(config: Config, device: torch.device) -> Config:
+    """`config` with `train.amp` and `train.compile` resolved for `device`."""
+    cuda = device.type == "cuda"
+    train = config.train
+    amp = ("bf16" if cuda else "off") if train.amp == "auto" else train.amp
+    compile_mode = ("model" if cuda else "off") if train.compile == "auto" else train.compile
+    return dataclasses.replace(config, train=dataclasses.replace(train, amp=amp, compile=compile_mode))
+
+
+def allow_tf32(config: Config, device: torch.device) -> None:
+    """TF32 for fp32 matmuls and convolutions on CUDA, unless `train.tf32=false`."""
+    if device.type != "cuda" or not config.train.tf32:
+        return
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = True
