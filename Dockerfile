@@ -54,6 +54,17 @@ LABEL org.opencontainers.image.title="ddp-trainer" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="https://github.com/ddp-trainer/ddp-trainer"
+# The compiler torch.compile needs: inductor builds its CPU kernels with g++, Triton its
+# launcher with gcc, both against Python.h (python:3.11-slim has it; Debian's own python3, the
+# stand-in base, in python3-dev). A layer of its own after the packages, so that neither
+# changes the other's cache; docs/performance.md says what it adds.
+RUN apt-get update && \
+    apt-get install --yes --no-install-recommends g++ && \
+    if [ ! -f "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]; then \
+        apt-get install --yes --no-install-recommends python3-dev; \
+    fi && \
+    rm -rf /var/lib/apt/lists/* && \
+    g++ --version | head -n 1
 RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \
     python3 -m pip --python "$VIRTUAL_ENV/bin/python" install --no-deps --no-index /dist/*.whl && \
     "$VIRTUAL_ENV/bin/python" -c "import trainer, torch; print('torch', torch.__version__)"

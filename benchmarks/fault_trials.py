@@ -4,6 +4,7 @@
                                                writer-stop|slow-store|zombie]
                                       [--trials 10] [--seed 0]
                                       [--snapshot-every 5] [--epochs 60] [--fork-server on|off]
+                                      [--set KEY=VALUE,...]
 
 The faults:
   kill    SIGKILL one rank's worker: torchrun sees it exit and restarts both;
@@ -38,7 +39,9 @@ step once the agent's fork server listens (a failure in a run that has trained a
 server is ready about 4 s after the first step here), so that its restart starts warm;
 `--fork-server off` restarts cold, as without it, for the side-by-side figure. A trial
 must lose at most `--snapshot-every` steps and end with weights and optimizer state
-bit-identical to one uninterrupted run of the same job; a stop or freeze must be found
+bit-identical to one uninterrupted run of the same job (`--set` changes both alike:
+`--set train.compile=model` holds a compiled run to itself, its restarts compiling from the
+node's cache); a stop or freeze must be found
 within 10 s and the run be training again within 30 s, with no other hang reported.
 Exit status 1 if any trial does not.
 
@@ -112,10 +115,12 @@ class Plan:
     every: int  # snapshot interval
     epochs: int
     fork_server: bool
+    extra: str = ""  # more overrides, for the reference run and every trial
 
     def command(self, uri: Path, snapshots: Path, restarts: int) -> list[str]:
         """The digits job under `torchrun --max-restarts=RESTARTS`, checkpoints in `uri`."""
         overrides = OVERRIDES.format(every=self.every, snapshots=snapshots, epochs=self.epochs)
+        overrides += f",{self.extra}" * bool(self.extra)
         return [
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
             f"--max-restarts={restarts}", "-m", "trainer", "--config", "digits",
@@ -185,13 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--snapshot-every", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=60, help="kill and stop trials' run length")
     parser.add_argument("--fork-server", choices=("on", "off"), default="on")
+    parser.add_argument("--set", dest="extra", default="", help="kill and stop trials: more overrides")
     parser.add_argument("--keep", type=Path, help="node trials: copy a failed trial's files and logs here")
     args = parser.parse_args(argv)
     if args.fault in NODE_FAULTS:
         return node_trials(args)
     if args.fault in STORAGE_FAULTS:
         return storage_trials(args.fault, args.trials)
-    plan = Plan(args.snapshot_every, args.epochs, args.fork_server == "on")
+    plan = Plan(args.snapshot_every, args.epochs, args.fork_server == "on", args.extra)
     chooser = random.Random(args.seed)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fault-trials-") as folder:

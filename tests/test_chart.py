@@ -40,8 +40,15 @@ def test_gpu_math(gpus, pods, procs):
     assert job["spec"]["nprocPerNode"] == str(procs)
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == pods
     assert "Master" not in job["spec"]["pytorchReplicaSpecs"]
-    limits = trainer_container(pod_templates(job)["Worker"])["resources"]["limits"]
-    assert limits["nvidia.com/gpu"] == str(procs)
+    template = pod_templates(job)["Worker"]
+    resources = trainer_container(template)["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == str(procs)
+    # per GPU: 10 CPUs and 80Gi, and /dev/shm's 8Gi plus 3 x stateSize's 1Gi on top
+    memory = f"{procs * 80 * 1024 + 8 * 1024 + 3 * 1024}Mi"
+    assert resources["requests"] == {"cpu": str(10 * procs), "memory": memory}
+    assert resources["limits"]["memory"] == memory
+    tolerated = {(toleration["key"], toleration["effect"]) for toleration in template["spec"]["tolerations"]}
+    assert ("nvidia.com/gpu", "NoSchedule") in tolerated
     assert f"world size {pods * procs}" in rendered.notes
     ranks = f"{pods * procs} rank" + ("s" if pods * procs > 1 else "")
     assert f"x {ranks} x 1 accumulation = {32 * pods * procs}" in rendered.notes
@@ -52,8 +59,23 @@ def test_cpu_mode():
     assert (
         job["spec"]["nprocPerNode"] == "2" and job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
     )
-    resources = trainer_container(pod_templates(job)["Worker"])["resources"]
-    assert "nvidia.com/gpu" not in json.dumps(resources)
+    template = pod_templates(job)["Worker"]
+    resources = trainer_container(template)["resources"]
+    assert resources == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "32Gi"}}
+    assert "nvidia.com/gpu" not in json.dumps(template)
+    env = {variable["name"] for variable in trainer_container(template)["env"]}
+    assert not env & {"PYTORCH_CUDA_ALLOC_CONF", "TORCH_NCCL_TRACE_BUFFER_SIZE"}
+
+
+def test_a_gpu_pod_takes_the_users_resources_over_the_sizing_and_its_gpus_from_gpus():
+    sets = ["gpus=8", "resources.requests.cpu=32", "resources.limits.nvidia\\.com/gpu=2"]
+    container = trainer_container(pod_templates(render(merge_values(sets=sets)).one("PyTorchJob"))["Worker"])
+    assert str(container["resources"]["requests"]["cpu"]) == "32"
+    assert container["resources"]["requests"]["memory"] == container["resources"]["limits"]["memory"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    env = {variable["name"]: variable["value"] for variable in container["env"]}
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
 
 
 def nccl_env(job: dict) -> dict[str, str]:
@@ -348,27 +370,32 @@ def test_ddp_launch_writes_where_the_kubelet_reads_the_termination_message(kind)
 LOSS_KEYS = ["node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"]
 
 
+GPU = ("nvidia.com/gpu", None)  # GPU node pools' taint, tolerated on GPU pods
+
+
 @pytest.mark.parametrize(
     ("sets", "expected"),
     [
-        ([], [(key, 20) for key in LOSS_KEYS]),
-        (["nodeLoss.tolerationSeconds=45"], [(key, 45) for key in LOSS_KEYS]),
-        (["nodeLoss.tolerationSeconds=0"], []),
+        ([], [GPU, *((key, 20) for key in LOSS_KEYS)]),
+        (["nodeLoss.tolerationSeconds=45"], [GPU, *((key, 45) for key in LOSS_KEYS)]),
+        (["nodeLoss.tolerationSeconds=0"], [GPU]),
         (
             ["tolerations[0].key=nvidia.com/gpu,tolerations[0].operator=Exists"],
-            [("nvidia.com/gpu", None), *((key, 20) for key in LOSS_KEYS)],
+            [GPU, *((key, 20) for key in LOSS_KEYS)],
         ),
         (  # the user's own toleration of a key wins: no second one beside it
             [
                 "tolerations[0].key=node.kubernetes.io/unreachable,tolerations[0].operator=Exists,"
                 "tolerations[0].effect=NoExecute,tolerations[0].tolerationSeconds=600"
             ],
-            [("node.kubernetes.io/unreachable", 600), ("node.kubernetes.io/not-ready", 20)],
+            [("node.kubernetes.io/unreachable", 600), GPU, ("node.kubernetes.io/not-ready", 20)],
         ),
+        (["gpus=0"], [(key, 20) for key in LOSS_KEYS]),  # a CPU pod: no GPU node's taint to tolerate
     ],
-    ids=["default", "own-seconds", "off", "merged-with-the-users", "the-users-key-wins"],
+    ids=["default", "own-seconds", "off", "merged-with-the-users", "the-users-key-wins", "cpu"],
 )
 def test_pods_leave_a_lost_node_after_tolerationseconds(sets, expected):
+    """And a GPU pod tolerates GPU nodes' nvidia.com/gpu taint, once."""
     pytorchjob = render(merge_values(sets=sets)).one("PyTorchJob")
     runtime = render(merge_values(sets=["jobKind=TrainJob", *sets])).one("TrainingRuntime")
     pods = {

@@ -258,6 +258,22 @@ def test_the_image_holds_exactly_the_lock_runs_as_10001_and_kept_no_secret(docke
     print(f"\nthe image's venv: {len(installed)} packages, each the lock's version; uid 10001; no CA secret")
 
 
+def test_a_compiled_step_runs_in_the_image_as_the_chart_runs_it(docker):
+    """train.compile=model on the CPU: inductor's C++ kernels built by the image's g++, as
+    uid 10001 on a read-only root filesystem with /tmp its only writable path (the chart's pod)."""
+    overrides = "train.compile=model,train.max_steps=2,metrics.port=0,checkpoint.uri=/tmp/checkpoints"
+    done = docker.run(
+        "run", "--rm", "--read-only", "--tmpfs", "/tmp:exec,size=1g", "--entrypoint", "/opt/venv/bin/python",
+        default_tag(), "-m", "trainer", "--set", overrides, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    compiled = [
+        line for line in done.stderr.splitlines() + done.stdout.splitlines() if "train.compile=model" in line
+    ]
+    assert compiled and "1 graph" in compiled[0], done.stderr[-3000:]
+    print(f"\n{compiled[0]}")
+
+
 def test_a_code_change_rebuilds_under_5_mb_of_layers(docker, tmp_path):
     """A line changed in trainer/ rebuilds only the project's layer: the 5 GB of packages
     and the base are reused, as pushing and pulling onto every node would."""

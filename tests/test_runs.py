@@ -235,6 +235,7 @@ def test_accumulation_under_no_sync_equals_one_large_batch(tmp_path):
     assert result["accumulated_allreduce_calls"] == result["big_batch_allreduce_calls"] >= 1
     assert result["max_update"] > 1e-3
     assert result["max_difference"] < 1e-6
+    assert result["bucket_views_exact"]  # ddp.gradient_as_bucket_view's default rests on it
 
 
 @pytest.mark.slow

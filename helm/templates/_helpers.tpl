@@ -252,6 +252,24 @@ with another value is refused in one line that names both, never dropped in sile
 {{- end }}
 {{- end -}}
 
+{{/* The CUDA allocator's and the NCCL flight recorder's variables for GPU pods (values.yaml
+`cuda`): the recorder dumps a rank's last collectives when one times out
+(torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp reads these; docs/facts.md). */}}
+{{- define "ddp.cudaEnv" -}}
+{{- with .Values.cuda.allocConf }}
+- name: PYTORCH_CUDA_ALLOC_CONF
+  value: {{ . | quote }}
+{{- end }}
+{{- with int .Values.cuda.flightRecorderEntries }}
+- name: TORCH_NCCL_TRACE_BUFFER_SIZE
+  value: {{ . | quote }}
+- name: TORCH_NCCL_DUMP_ON_TIMEOUT
+  value: "1"
+- name: TORCH_FR_DUMP_TEMP_FILE
+  value: /tmp/nccl-trace/rank_
+{{- end }}
+{{- end -}}
+
 {{/*
 What a TrainJob cannot take, refused in one line each (Trainer v2.3.0 and JobSet v0.12.0;
 docs/facts.md): names too long for JobSet's pod names, elastic bounds, a JobSet TTL, pod
@@ -288,15 +306,20 @@ policies and gang settings v2 has no field for, torchrun's reserved PET_* names.
 {{- end -}}
 {{- end -}}
 
-{{/* The user's tolerations, and nodeLoss's for a node that is unreachable or not ready (each
-unless the user tolerates that key already): the pod leaves a lost node after
-nodeLoss.tolerationSeconds, not the 300 s the DefaultTolerationSeconds admission plugin gives. */}}
+{{/* The user's tolerations; on GPU pods the nvidia.com/gpu taint's (GPU node pools carry it:
+EKS, GKE and AKS taint their GPU nodes so); and nodeLoss's for a node that is unreachable or
+not ready: the pod leaves a lost node after nodeLoss.tolerationSeconds, not the 300 s the
+DefaultTolerationSeconds admission plugin gives. Each unless the user tolerates that key. */}}
 {{- define "ddp.tolerations" -}}
 {{- $tolerations := list }}
 {{- $keys := list }}
 {{- range .Values.tolerations }}
 {{- $tolerations = append $tolerations . }}
 {{- $keys = append $keys (.key | default "") }}
+{{- end }}
+{{- $t := include "ddp.topology" . | fromJson }}
+{{- if and (gt (int $t.gpusPerPod) 0) (not (has "nvidia.com/gpu" $keys)) }}
+{{- $tolerations = append $tolerations (dict "key" "nvidia.com/gpu" "operator" "Exists" "effect" "NoSchedule") }}
 {{- end }}
 {{- $seconds := int .Values.nodeLoss.tolerationSeconds }}
 {{- if gt $seconds 0 }}

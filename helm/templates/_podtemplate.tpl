@@ -153,6 +153,7 @@ spec:
         {{- end }}
         {{- if gt (int $t.gpusPerPod) 0 }}
         {{- include "ddp.ncclEnv" . | nindent 8 }}
+        {{- include "ddp.cudaEnv" . | nindent 8 }}
         {{- end }}
         {{- with .Values.trainer.extraEnv }}
         {{- toYaml . | nindent 8 }}
@@ -231,13 +232,23 @@ spec:
     {{- end }}
 {{- end -}}
 
-{{/* The trainer container's requests and limits, GPUs (and RDMA devices) from `gpus`: a
-PyTorchJob's container resources, a TrainJob's trainer.resourcesPerNode. */}}
+{{/* The trainer container's requests and limits: `resources` over the chart's sizing
+(cpuResources on CPU pods; on GPU pods gpuResources per GPU, memory plus /dev/shm's limit);
+GPUs (and RDMA devices) from `gpus`. A PyTorchJob's container resources, a TrainJob's
+trainer.resourcesPerNode. */}}
 {{- define "ddp.resources" -}}
 {{- $t := include "ddp.topology" . | fromJson -}}
-{{- $resources := deepCopy .Values.resources }}
-{{- if gt (int $t.gpusPerPod) 0 }}
-{{- $limits := merge (dict "nvidia.com/gpu" (toString $t.gpusPerPod)) (default dict $resources.limits) }}
+{{- $gpus := int $t.gpusPerPod }}
+{{- $sized := deepCopy .Values.cpuResources }}
+{{- if gt $gpus 0 }}
+{{- $g := .Values.gpuResources }}
+{{- $memory := printf "%dMi" (add (mul $gpus (include "ddp.mebibytes" $g.memory)) (include "ddp.mebibytes" (include "ddp.shmSizeLimit" .))) }}
+{{- $sized = dict "requests" (dict "cpu" (toString (mul $gpus (int $g.cpu))) "memory" $memory) "limits" (dict "memory" $memory) }}
+{{- end }}
+{{- $resources := mergeOverwrite $sized (deepCopy .Values.resources) }}
+{{- if gt $gpus 0 }}
+{{- $limits := default dict $resources.limits }}
+{{- $_ := set $limits "nvidia.com/gpu" (toString $gpus) }}
 {{- if .Values.nccl.rdma.enabled }}
 {{- $_ := set $limits .Values.nccl.rdma.resourceName (toString .Values.nccl.rdma.count) }}
 {{- end }}

@@ -1,7 +1,9 @@
-"""Under torchrun: one step accumulated over 4 micro-batches vs one step on the 4x batch.
+"""Under torchrun: one step accumulated over 4 micro-batches vs one step on the 4x batch,
+and three accumulated steps with DDP's gradients as views of its buckets vs copies.
 
 Counts DDP's gradient all-reduces through a comm hook, and writes the largest parameter
-difference between the two models; rank 0 writes JSON."""
+difference between the two models, and whether the bucket views trained bit for bit as
+the copies; rank 0 writes JSON."""
 
 import copy
 import json
@@ -13,7 +15,9 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from trainer.config import DdpConfig
 from trainer.distributed.process_group import process_group, read_env
+from trainer.loop.ddp import wrap
 from trainer.loop.step import train_step
 from trainer.telemetry.timing import HostClock
 
@@ -32,10 +36,22 @@ def counted(model: nn.Module) -> tuple[DistributedDataParallel, list[int]]:
     return wrapped, calls
 
 
-def step(model: DistributedDataParallel, batches) -> None:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+def step(model: DistributedDataParallel, batches, steps: int = 1) -> None:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    train_step(model, batches, optimizer, scaler, amp="off", clip_grad_norm=1.0, clock=HostClock())
+    for _ in range(steps):
+        train_step(model, batches, optimizer, scaler, amp="off", clip_grad_norm=1.0, clock=HostClock())
+
+
+def bucket_views_are_exact(base: nn.Module, micro: list) -> bool:
+    """The trainer's own wrap, gradients as bucket views or not, over steps that zero the
+    gradients (to None) between them: the same bits."""
+    trained = []
+    for views in (False, True):
+        model = wrap(copy.deepcopy(base), torch.device("cpu"), DdpConfig(gradient_as_bucket_view=views))
+        step(model, micro, steps=3)
+        trained.append([parameter.detach().clone() for parameter in model.parameters()])
+    return all(torch.equal(a, b) for a, b in zip(*trained, strict=True))
 
 
 def compare() -> dict[str, float]:
@@ -62,6 +78,7 @@ def compare() -> dict[str, float]:
         "big_batch_allreduce_calls": big_calls[0],
         "max_difference": difference,
         "max_update": moved,
+        "bucket_views_exact": bucket_views_are_exact(base, micro),
     }
 
 

@@ -45,7 +45,8 @@ from pathlib import Path
 
 from trainer.launcher.fork_protocol import HEADER, POLL_S, STDIO, alive
 
-PRELOAD = ("trainer.cli", "torch._dynamo")
+# inductor's compiler: a compiled run's restart would import it again (0.6 s of CPU here)
+PRELOAD = ("trainer.cli", "torch._dynamo", "torch._inductor.compile_fx")
 # read once, when torch or Python start: a child forked from a server started under other
 # values would not honour the worker's own
 IMPORT_TIME_ENV = (
