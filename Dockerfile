@@ -57,14 +57,15 @@ LABEL org.opencontainers.image.title="ddp-trainer" \
 # The compiler torch.compile needs: inductor builds its CPU kernels with g++, Triton its
 # launcher with gcc, both against Python.h (python:3.11-slim has it; Debian's own python3, the
 # stand-in base, in python3-dev). A layer of its own after the packages, so that neither
-# changes the other's cache; docs/performance.md says what it adds.
+# changes the other's cache; docs/performance.md says what it adds. Pinned to bookworm's
+# versions, the base's release.
 RUN apt-get update && \
-    apt-get install --yes --no-install-recommends g++ && \
+    apt-get install --yes --no-install-recommends g++=4:12.2.0-3 && \
     if [ ! -f "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]; then \
-        apt-get install --yes --no-install-recommends python3-dev; \
+        apt-get install --yes --no-install-recommends python3-dev=3.11.2-1+b1; \
     fi && \
     rm -rf /var/lib/apt/lists/* && \
-    g++ --version | head -n 1
+    g++ --version
 RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \
     python3 -m pip --python "$VIRTUAL_ENV/bin/python" install --no-deps --no-index /dist/*.whl && \
     "$VIRTUAL_ENV/bin/python" -c "import trainer, torch; print('torch', torch.__version__)"

@@ -22,7 +22,7 @@ IMAGE_TOOLS := dockerd:docker.io mmdebstrap:mmdebstrap
 # trials under --standalone hung or failed to connect (docs/facts.md, "the rendezvous store")
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE := 1
 
-.PHONY: demo ops test test-quick gpu-check image image-e2e lint tools image-tools clean
+.PHONY: demo ops test test-quick device-check device-wheels image image-e2e lint tools image-tools clean
 
 # the first install says what it fetches, and pip shows each package as it comes (docs/running.md)
 $(TRAINER): pyproject.toml constraints.txt
@@ -68,10 +68,22 @@ tools:
 image-tools:
 	@sh tests/debian-tools.sh "make image" $(IMAGE_TOOLS)
 
-## gpu-check: on a machine with GPUs, the gpu tests, 1-GPU and all-GPU nccl/bf16 runs, benchmarks.gpu
-## and a report; without CUDA, the CPU part and a line saying so
-gpu-check: $(INSTALLED)
-	$(BIN)/python -m benchmarks.gpu_check
+## device-check: on a lent GPU machine, from a bare checkout with its own python3 and torch (no
+## venv, no network): the wheels of .whl/ (`make device-wheels`, here) to /tmp/site, then the
+## check, its report in $$OUT/device-report.md where the device tool sets OUT; without CUDA, the CPU path
+device-check:
+	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+	PYTHONPATH=/tmp/site:. python3 -m benchmarks.device_check --out $${OUT:-.}/device-report.md
+
+## device-wheels: what the lent machine's python3 (3.12) lacks for the trainer, as wheels in .whl/,
+## at constraints.txt's versions (its own has torch, numpy, yaml, prometheus-client, psutil, tqdm, ...)
+DEVICE_WHEELS = pydantic pydantic_core annotated-types typing-inspection typing_extensions
+device-wheels: $(INSTALLED)
+	rm -rf .whl
+	$(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+		$$(for name in $(DEVICE_WHEELS); do grep -i "^$$name==" constraints.txt; done)
+	@du -sh .whl
 
 ## image: the CUDA image, tagged as the chart's image; starts a private dockerd when none answers
 ## and builds on a stand-in base when no registry does (README, "The image")

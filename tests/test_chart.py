@@ -43,8 +43,9 @@ def test_gpu_math(gpus, pods, procs):
     template = pod_templates(job)["Worker"]
     resources = trainer_container(template)["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == str(procs)
-    # per GPU: 10 CPUs and 80Gi, and /dev/shm's 8Gi plus 3 x stateSize's 1Gi on top
-    memory = f"{procs * 80 * 1024 + 8 * 1024 + 3 * 1024}Mi"
+    # per GPU: 10 CPUs and 80Gi, and /dev/shm's limit on top
+    (shm,) = [volume for volume in template["spec"]["volumes"] if volume["name"] == "dshm"]
+    memory = f"{procs * 80 * 1024 + int(shm['emptyDir']['sizeLimit'].removesuffix('Mi'))}Mi"
     assert resources["requests"] == {"cpu": str(10 * procs), "memory": memory}
     assert resources["limits"]["memory"] == memory
     tolerated = {(toleration["key"], toleration["effect"]) for toleration in template["spec"]["tolerations"]}
@@ -543,10 +544,17 @@ def test_notes_say_how_to_follow_rank_zero():
             "auto",
             "at most the snapshot interval while any pod survives it",
         ),
-        (f"{EVERY}=10", "11264Mi", 10, "at most 10 steps while any pod survives it"),
+        # stateSize unset: the digits CNN's own state, 2Mi, three times (the model's size, from
+        # ddp-ops render; operator_scripts/chart/state_size.py)
+        (f"{EVERY}=10", "8198Mi", 10, "at most 10 steps while any pod survives it"),
         (f"shmSize=1Ti,snapshots.stateSize=512Mi,{EVERY}=3", "1050112Mi", 3, "at most 3 steps"),
         (f"{EVERY}=0", "8Gi", 0, "up to 50 steps (the checkpoint"),
-        ("snapshots.everySteps=4", "11264Mi", 4, "at most 4 steps"),  # the deprecated name still works
+        (
+            "snapshots.everySteps=4,snapshots.stateSize=1Gi",
+            "11264Mi",
+            4,
+            "at most 4 steps",
+        ),  # the deprecated name
         (  # 0 is a value, not "unset": NOTES must not show the default
             f"{EVERY}=0,trainer.config.checkpoint.every_steps=0",
             "8Gi",

@@ -12,6 +12,7 @@ import tempfile
 
 import pytest
 import torch
+from conftest import process_env, run_trainer
 
 from trainer.checkpoint.store import LocalStore
 from trainer.config import ConfigError, load_config
@@ -135,3 +136,22 @@ def test_a_fork_server_serves_only_workers_with_its_compile_settings():
     assert differing_import_time_env({"OMP_NUM_THREADS": "1"}, server) == (
         "TORCHINDUCTOR_CACHE_DIR differ from the server's"
     )
+
+
+@pytest.mark.slow
+def test_a_compile_that_fails_is_one_line_and_exit_2_and_saves_nothing(tmp_path):
+    """No C++ compiler (a derived image without one, say): inductor's build fails in the
+    first step, and the run says so in one line, with what to do, instead of a traceback."""
+    env = {
+        **process_env(),
+        "CXX": str(tmp_path / "no-compiler"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    overrides = f"train.compile=model,train.max_steps=3,metrics.port=0,checkpoint.uri={tmp_path / 'run'}"
+    done = run_trainer(["--set", overrides], tmp_path, env=env)
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if "trainer: error:" in line]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert errors[0].startswith("trainer: error: train.compile='model': torch.compile could not compile")
+    assert errors[0].endswith("set train.compile=off to train it eager")
+    assert not list((tmp_path / "run").glob("step-*"))

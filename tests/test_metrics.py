@@ -133,3 +133,23 @@ def test_run_report_draws_a_png_from_the_runs_own_log(workdir):
         text=True,
     )
     assert empty.returncode == 2 and "no progress records" in empty.stderr
+
+
+@pytest.mark.parametrize(
+    ("device", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989e12),  # SXM5, the lent machine's
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H100 NVL", 835e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA B200", 2250e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA A10", 125e12),
+        ("NVIDIA A10G", 0.0),  # not an A10: unknown, so MFU is n/a rather than wrong
+        ("NVIDIA L40S", 362e12),
+        ("cpu", 0.0),
+    ],
+)
+def test_the_peak_is_the_devices_by_its_whole_name(device, peak):
+    assert peak_flops(MetricsConfig(), device) == peak
+    assert peak_flops(MetricsConfig(peak_flops_per_device=1e12), device) == 1e12

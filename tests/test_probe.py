@@ -52,6 +52,19 @@ def test_a_model_that_fits_passes_and_nothing_of_it_or_the_rng_changes(digits):
     assert model.seen == 0.0 and all(parameter.grad is None for parameter in model.parameters())
 
 
+def test_a_model_that_declares_no_flops_gets_what_the_meta_pass_counted(digits):
+    config, splits = digits
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    probe_plugins(config, splits, model, CPU)
+    # the forward's matmul and the weight's gradient, 2 x 64 x 10 each a sample (the inputs
+    # need no gradient); the bias's is a sum, no FLOP counted
+    assert model.flops_per_sample == 2 * (2 * 64 * 10)
+    declared = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    declared.flops_per_sample = 1.0
+    probe_plugins(config, splits, declared, CPU)
+    assert declared.flops_per_sample == 1.0  # a model's own figure wins
+
+
 @pytest.mark.parametrize(
     ("model", "failure"),
     [

@@ -29,7 +29,7 @@ from conftest import (
 )
 from eval_worker import datasets_and_models
 
-from benchmarks.gpu_check import split_problems
+from benchmarks.device_check import split_problems
 from trainer.telemetry.timing import PARTS
 
 QUICK = ["--config", "digits", "--set", "log.every_steps=5"]
@@ -167,7 +167,7 @@ def test_progress_lines_split_the_step_and_report_mfu_and_memory(workdir):
     lines = [document for document in documents if document["event"] == "progress"]
     assert [line["step"] for line in lines] == [10, 20, 30]
     # the steps, as timed, happened between the lines on the wall clock (summed: each rank's
-    # windows have edges of their own; benchmarks.gpu_check's split_problems, which says why)
+    # windows have edges of their own; benchmarks.device_check's split_problems, which says why)
     assert split_problems(lines, world_size=2) == []
     for line in lines:
         parts = [line[f"{name}_ms"] for name in PARTS]

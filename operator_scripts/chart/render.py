@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from operator_scripts.chart.plugin_source import check_plugin_source
+from operator_scripts.chart.state_size import derived_state_size
 from operator_scripts.paths import CHART_DIR
 from trainer.config import Config, ConfigError, did_you_mean, from_tree
 from trainer.config.overrides import deep_merge
@@ -89,7 +90,7 @@ def _check_keys(values: dict[str, Any], schema: dict[str, Any], path: list[str])
         raise ValuesError(f"{where}: not a chart value; {hint}see helm/README.md for the chart's values")
 
 
-def check_trainer_config(values: dict[str, Any]) -> None:
+def check_trainer_config(values: dict[str, Any]) -> Config:
     """The trainer's own validation of `trainer.config` (the chart's defaults under
     `values`), before Helm renders: a typo or an out-of-range value is the trainer's line,
     did-you-mean included, and rules that JSON schema cannot say (one section's value
@@ -97,7 +98,7 @@ def check_trainer_config(values: dict[str, Any]) -> None:
     names: a built-in's is known here without torch; a plug-in's (`package.module:function`)
     module and function are looked for in its source, shipped with the job (`--code`) or
     found by this Python, without running it (`plugin_source`); one in the image alone is
-    checked in the pod."""
+    checked in the pod. Returns the config the pods will read."""
     defaults = yaml.safe_load(VALUES_FILE.read_text())["trainer"]["config"]
     trainer = values.get("trainer") or {}
     given = trainer.get("config") or {}
@@ -110,6 +111,16 @@ def check_trainer_config(values: dict[str, Any]) -> None:
                 registry.check(name)
     except ConfigError as error:
         raise ValuesError(f"trainer.config.{error}") from None
+    return config
+
+
+def with_state_size(values: dict[str, Any], config: Config) -> dict[str, Any]:
+    """`values` with `snapshots.stateSize` the model's own where they leave it unset and it
+    can be known here (`state_size`)."""
+    if "stateSize" in (values.get("snapshots") or {}):
+        return values
+    size = derived_state_size(config, deep_merge(yaml.safe_load(VALUES_FILE.read_text()), values))
+    return values if size is None else deep_merge(values, {"snapshots": {"stateSize": size}})
 
 
 def render(
@@ -122,7 +133,7 @@ def render(
 
     values = values or {}
     check_chart_keys(values)
-    check_trainer_config(values)
+    values = with_state_size(values, check_trainer_config(values))
     # one install id for both renders below (the chart would draw one in each); it starts with
     # a letter, as the chart's own do, so that `--set installId=<it>` stays a string
     install_id = values.get("installId") or f"i{secrets.token_hex(4)[:7]}"

@@ -116,7 +116,9 @@ class TrainConfig:
 
     `auto` means what the device runs fastest with: `amp` bf16 autocast on CUDA, off (fp32)
     on CPU; `compile` the whole model on CUDA, off on CPU (`trainer.loop.compiling`).
-    `tf32` lets fp32 matmuls and convolutions on CUDA use TF32 (matmul precision "high").
+    `tf32` lets fp32 matmuls and convolutions on CUDA use TF32 (matmul precision "high");
+    `deterministic` asks torch for algorithms that give the same bits every run (slower on
+    CUDA: no atomics in an embedding's backward, for one).
     `compile_cache` `shared` keeps the compiled graphs beside the checkpoints too, so that a
     new pod does not compile again; `local` only in the node's own cache folder."""
 
@@ -127,6 +129,7 @@ class TrainConfig:
     grad_accum_steps: PositiveInt = 1
     amp: Literal["auto", "off", "bf16", "fp16"] = "auto"
     tf32: bool = True
+    deterministic: bool = False
     compile: Literal["auto", "off", "model", "blocks"] = "auto"
     compile_cache: Literal["shared", "local"] = "shared"
     clip_grad_norm: NonNegativeFloat = 1.0

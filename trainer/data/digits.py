@@ -30,16 +30,18 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     return bunch.images, bunch.target
 
 
+DIGITS_SPEC = DataSpec(task="classification", input_shape=(1, 8, 8), num_classes=10)
+
+
 def build_digits(config: DataConfig, seed: int) -> DataSplits:
     """Images as float (1, 8, 8) tensors, labels 0-9."""
     images, targets = load_digits_arrays()
     pixels = torch.tensor(images, dtype=torch.float32).unsqueeze(1)
     labels = torch.tensor(targets, dtype=torch.int64)
-    spec = DataSpec(task="classification", input_shape=(1, 8, 8), num_classes=10)
     return split_tensors(
         standardize(pixels),
         labels,
-        spec,
+        DIGITS_SPEC,
         val_fraction=config.val_fraction,
         test_fraction=config.test_fraction,
         split_seed=config.split_seed,

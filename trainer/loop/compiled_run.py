@@ -5,11 +5,13 @@ graphs kept and reported once they exist."""
 from __future__ import annotations
 
 import logging
+from types import TracebackType
 
+import torch
 from torch import nn
 
 from trainer.checkpoint.store import CheckpointStore
-from trainer.config import Config
+from trainer.config import Config, ConfigError
 from trainer.distributed import heartbeat as phases
 from trainer.distributed.heartbeat import Heartbeat
 from trainer.loop.compile_cache import CompileCache, cache_key
@@ -51,6 +53,23 @@ class CompiledRun:
         if self.on:
             self.found = self.cache.open(self.log)
             compile_in_place(module, self.mode, self.model_name)
+
+    def __enter__(self) -> None:
+        """Around each step: nothing but a flag test once the first step is done."""
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: TracebackType | None
+    ) -> None:
+        """A compile that fails (inductor's C++ or Triton, a dynamo error) is one line and
+        exit 2, which no restart would change, instead of a traceback per rank."""
+        if isinstance(error, torch._dynamo.exc.TorchDynamoException):
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise ConfigError(
+                "train.compile",
+                self.mode,
+                f"torch.compile could not compile model.name={self.model_name!r} ({reason}); "
+                "set train.compile=off to train it eager",
+            ) from None
 
     def enter_first_step(self) -> None:
         """The step about to run compiles: the watchdog allows `watchdog.compile_s` and names

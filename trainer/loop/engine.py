@@ -240,15 +240,16 @@ class Trainer:
             self.clock.lap(LOGGING)
             micro_batches = [next(batches) for _ in range(train.grad_accum_steps)]
             self.clock.lap(DATA)
-            result = train_step(
-                self.model,
-                micro_batches,
-                self.optimizer,
-                self.scaler,
-                amp=train.amp,
-                clip_grad_norm=train.clip_grad_norm,
-                clock=self.clock,
-            )
+            with self.compiled:  # a compile that fails: one line
+                result = train_step(
+                    self.model,
+                    micro_batches,
+                    self.optimizer,
+                    self.scaler,
+                    amp=train.amp,
+                    clip_grad_norm=train.clip_grad_norm,
+                    clock=self.clock,
+                )
             self.clock.end_step()
             progress.step += 1
             self.heartbeat.beat(progress.step)
@@ -335,7 +336,8 @@ class Trainer:
 
     def _end_epoch(self) -> None:
         """Validate, let early stopping decide (rank 0's decision for all), move to the next epoch."""
-        metrics = self.evaluator.validate(self.progress.step)
+        with self.compiled:
+            metrics = self.evaluator.validate(self.progress.step)
         self.compiled.settle()
         stop = broadcast_flag(self.stopper.update(metrics), self.device)
         self.progress.epoch += 1

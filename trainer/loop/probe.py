@@ -7,6 +7,7 @@ line naming the plug-ins, the batch's shapes and the error, and exit 2 (permanen
 
 The batch runs on a copy of the model on the meta device: shapes and dtypes are checked,
 nothing is computed or allocated, and the model's own state and the RNG are not touched.
+Its FLOPs are counted on the way, for the MFU of a model that declares none.
 Only where the meta device cannot run the model (an op without a meta kernel, `.item()`)
 the same batch runs for real, on a copy on the training device, and that decides."""
 
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import default_collate
+from torch.utils.flop_counter import FlopCounterMode
 
 from trainer.config import Config, ConfigError
 from trainer.config.registry import DATASETS
@@ -48,7 +50,9 @@ def probe_plugins(config: Config, splits: DataSplits, module: nn.Module, device:
         except (TypeError, RuntimeError, NotImplementedError):  # it holds a lock, a handle
             return  # then it cannot be copied to run for real either
         try:
-            step(meta, inputs.to(META), targets.to(META), nullcontext())
+            with FlopCounterMode(display=False) as counter:
+                step(meta, inputs.to(META), targets.to(META), nullcontext())
+            declare_flops(module, counter.get_total_flops() / len(inputs))
             return
         except ProbeFailed:
             pass  # a real error, or an op the meta device lacks: the real run tells them apart
@@ -62,6 +66,15 @@ def probe_plugins(config: Config, splits: DataSplits, module: nn.Module, device:
                 config.model.name,
                 f"one batch of data.name={config.data.name!r} ({shapes}) fails in the {failed}",
             ) from None
+
+
+def declare_flops(module: nn.Module, counted: float) -> None:
+    """A model that does not declare its training FLOPs per sample (`flops_per_sample`, as
+    the bundled transformer does) gets what the meta pass counted: forward and backward's
+    matmuls, convolutions and attention (torch's FlopCounterMode), so that MFU is known for
+    any model. Counted per sample of the probe's batch."""
+    if getattr(module, "flops_per_sample", None) is None and counted > 0:
+        module.flops_per_sample = counted
 
 
 def first_batch(config: Config, splits: DataSplits) -> tuple[torch.Tensor, torch.Tensor]:

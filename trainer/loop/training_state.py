@@ -60,14 +60,8 @@ class TrainingState:
         return cls(module, optimizer, scaler, stopper, data, PowerSGDCheckpoint.of(config.ddp, config.seed))
 
     def size_bytes(self, optim: OptimConfig, world_size: int) -> int:
-        """The size of a saved state: weights and buffers, and the optimizer's per-parameter
-        state (AdamW's two moments, SGD's momentum), which exists only after a first step;
-        with PowerSGD, every rank's error feedback, a gradient's size each."""
-        weights = sum(t.numel() * t.element_size() for t in self.module.state_dict().values())
-        params = sum(p.numel() * p.element_size() for p in self.module.parameters())
-        slots = 2 if optim.name == "adamw" else int(optim.momentum > 0)
-        errors = world_size * params if self.powersgd else 0
-        return weights + slots * params + errors + 2**20
+        """The size of a saved state (`state_size_bytes`)."""
+        return state_size_bytes(self.module, optim, world_size, powersgd=self.powersgd is not None)
 
     def tree(
         self,
@@ -160,3 +154,15 @@ class TrainingState:
             )
         ended = all(complete(progress, train) for train in (saved_config.train, config.train))
         return Restored(progress, notes, restarted_after, ended)
+
+
+def state_size_bytes(module: nn.Module, optim: OptimConfig, world_size: int, *, powersgd: bool) -> int:
+    """The size of a saved state: weights and buffers, and the optimizer's per-parameter
+    state (AdamW's two moments, SGD's momentum), which exists only after a first step;
+    with PowerSGD, every rank's error feedback, a gradient's size each. A meta-device
+    module gives the same figure (`ddp-ops render` sizes /dev/shm from it)."""
+    weights = sum(t.numel() * t.element_size() for t in module.state_dict().values())
+    params = sum(p.numel() * p.element_size() for p in module.parameters())
+    slots = 2 if optim.name == "adamw" else int(optim.momentum > 0)
+    errors = world_size * params if powersgd else 0
+    return weights + slots * params + errors + 2**20

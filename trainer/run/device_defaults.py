@@ -10,6 +10,7 @@ is slow where the CPU lacks AMX, and inductor's C++ compile costs more than a de
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 
@@ -25,8 +26,15 @@ def for_device(config: Config, device: torch.device) -> Config:
     return dataclasses.replace(config, train=dataclasses.replace(train, amp=amp, compile=compile_mode))
 
 
-def allow_tf32(config: Config, device: torch.device) -> None:
-    """TF32 for fp32 matmuls and convolutions on CUDA, unless `train.tf32=false`."""
+def set_math(config: Config, device: torch.device) -> None:
+    """TF32 for fp32 matmuls and convolutions on CUDA, unless `train.tf32=false`; with
+    `train.deterministic`, the algorithms that give the same bits every run (a restart's
+    steps then repeat the lost ones exactly, on a GPU as on the CPU). cuBLAS reads its
+    workspace setting when it first runs, so it is set before any matmul."""
+    if config.train.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
     if device.type != "cuda" or not config.train.tf32:
         return
     torch.set_float32_matmul_precision("high")

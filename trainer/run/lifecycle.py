@@ -35,7 +35,7 @@ from trainer.loop.plan import steps_per_epoch
 from trainer.loop.preemption import LEASE_LOST, Stopped, StopSignal
 from trainer.loop.probe import probe_plugins
 from trainer.models import build_model
-from trainer.run.device_defaults import allow_tf32, for_device
+from trainer.run.device_defaults import for_device, set_math
 from trainer.run.ownership import Ownership, lease_lost, take_location
 from trainer.run.startup import EXIT_PEER_LOST, report, say
 from trainer.telemetry.log import setup_logging
@@ -136,7 +136,7 @@ def _train(
     stop = StopSignal()
     device = select_device(config.train.device, context)
     config = for_device(config, device)
-    allow_tf32(config, device)
+    set_math(config, device)
     try:
         prepared = prepare(config, context, stop, device)
     except ConfigError as error:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -48,15 +49,30 @@ PART_COUNTERS = {
         "Loop bookkeeping between steps: progress gathering, metrics, stop checks.",
     ),
 }
-# bf16 dense peak FLOP/s per device, as peers quote them (docs/facts.md); matched by substring
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
+# bf16 dense (not sparse) peak FLOP/s per device from NVIDIA's data sheets (docs/facts.md),
+# by the whole name `torch.cuda.get_device_name` gives: the H100's three forms differ by a
+# quarter, and a substring would take an A10G for an A10 or an L40S for an L4
+PEAK_FLOPS = {
+    r"NVIDIA H100 80GB HBM3|NVIDIA H100 SXM5.*": 989e12,
+    r"NVIDIA H100 NVL": 835e12,
+    r"NVIDIA H100 PCIe": 756e12,
+    r"NVIDIA H200": 989e12,
+    r"NVIDIA H200 NVL": 835e12,
+    r"NVIDIA GH200.*": 989e12,
+    r"NVIDIA B200": 2250e12,
+    r"NVIDIA A100[- ].*": 312e12,
+    r"NVIDIA L40S": 362e12,
+    r"NVIDIA A10": 125e12,
+    r"NVIDIA L4": 121e12,
+}
 
 
 def peak_flops(config: MetricsConfig, device_name: str) -> float:
-    """Configured peak, else the table's entry for this device, else 0 (MFU unknown)."""
+    """Configured peak, else the table's entry for this device, else 0 (MFU unknown: set
+    `metrics.peak_flops_per_device`)."""
     if config.peak_flops_per_device:
         return config.peak_flops_per_device
-    return next((flops for name, flops in PEAK_FLOPS.items() if name in device_name), 0.0)
+    return next((flops for name, flops in PEAK_FLOPS.items() if re.fullmatch(name, device_name)), 0.0)
 
 
 @dataclass
