@@ -150,9 +150,7 @@ def check(report: Report, setup: Setup, budget_s: float) -> None:
         mfu, line = mfu_line(records)
         compile_s = seconds - figures.get("eager_s", 0.0)
         ok = mfu is None or not setup.cuda or mfu >= TARGETS["mfu"]
-        report.add(
-            ok, f"compiled: {line}; compile {compile_s:.0f}s (wall less eager's); target MFU >= 45 %"
-        )
+        report.add(ok, f"compiled: {line}; compile {compile_s:.0f}s (wall less eager's); target MFU >= 45 %")
         start = next(record for record in records if record.get("event") == "start")
         problems = split_problems(progress(records), start["world_size"])
         last = progress(records)[-1]

@@ -11,6 +11,7 @@ ddp-ops local   [-f VALUES] [--set K=V] [--code DIR] [--workdir DIR] [--delay PO
                                                                 run the rendered job here
 ddp-ops estimate --step-ms MS --grad-mb MB [--devices N ...] [--interconnect NAME] [--data-ms MS]
                                                                 predicted speedup at N devices
+ddp-ops flight-recorder LOCATION [--out DIR]                    the collectives of ranks killed as hung
 """
 
 from __future__ import annotations
@@ -161,9 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--node-monitor-grace-period", type=positive_float, default=NODE_MONITOR_GRACE_S, metavar="SECONDS",
         help="seconds without a node's status before it is NotReady (kube-controller-manager's; default 40)",
     )  # fmt: skip
-    # listed for --help; its own options are parsed by operator_scripts.reports.estimate
+    # listed for --help; their own options are parsed by operator_scripts.reports.*
     commands.add_parser(
         "estimate", help="predict speedup at N devices (ring all-reduce model)", add_help=False
+    )
+    commands.add_parser(
+        "flight-recorder", help="what hung ranks' collectives were, from their dumps", add_help=False
     )
     return parser
 
@@ -292,6 +296,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from operator_scripts.reports.estimate import main as estimate
 
         return estimate(argv[1:])
+    if argv[:1] == ["flight-recorder"]:
+        from operator_scripts.reports.flight_recorder import main as flight_recorder
+
+        return flight_recorder(argv[1:])
     args = build_parser().parse_args(argv)
     refusals: tuple[type[Exception], ...] = (ClusterError, ValuesError, CodeError)
     if importlib.util.find_spec("helm_python"):

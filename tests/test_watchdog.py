@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from conftest import json_records, process_env, s3_env, torchrun_command
 
 from benchmarks.fault_proxy import FaultProxy
 from benchmarks.trial_record import final_state, same_state
+from operator_scripts.reports.flight_recorder import main as flight_recorder
 from trainer.config import WatchdogConfig
 from trainer.distributed.heartbeat import CHECKPOINT, STEP, VALIDATION, Heartbeat, PhaseLimits, read_records
 from trainer.distributed.watchdog import OWN_FREEZE_S, REJUDGE_S, RESTART_QUIET_S, VERDICTS_FILE, Watchdog
@@ -254,11 +256,16 @@ def test_a_stopped_rank_is_found_within_seconds_and_the_run_ends_bit_exact(workd
 
 @pytest.mark.slow
 @pytest.mark.alone  # its step limits, as the stopped rank's: beside the suite the run ended otherwise
-def test_a_rank_stalled_in_its_forward_is_blamed_not_the_one_waiting_for_it(workdir, reference):
+def test_a_rank_stalled_in_its_forward_is_blamed_not_the_one_waiting_for_it(workdir, reference, capsys):
+    """With the flight recorder on, both ranks' collectives are kept beside the checkpoints
+    before the kill, and `ddp-ops flight-recorder` names rank 1 as the one that never
+    reached the all-reduce rank 0 waits in."""
     uri = workdir / "checkpoints"
     stall = "model.options.rank=1,model.options.stall_at=40,model.options.stall_s=600"
     overrides = f"{RUN},{stall},checkpoint.uri={uri},checkpoint.snapshot_dir={workdir / 'snapshots'}"
-    seen, stderr = json_records(launch(workdir, overrides))
+    seen, stderr = json_records(
+        launch(workdir, overrides, env={**process_env(), "TORCH_FR_BUFFER_SIZE": "200"})
+    )
     assert seen[-1]["event"] == "summary", stderr[-3000:]
     (hang,) = [record for record in seen if record.get("event") == "hang"]
     assert (hang["rank"], hang["state"], hang["step"]) == (1, "hung", 39)
@@ -266,6 +273,11 @@ def test_a_rank_stalled_in_its_forward_is_blamed_not_the_one_waiting_for_it(work
     assert "plugins.py" in hang["stack"][0] and "in forward" in hang["stack"][0]
     assert 39 - resumed_from(seen)["resumed_from"] <= 5
     assert same_state(final_state(uri), reference)
+
+    assert flight_recorder([str(uri), "--out", str(workdir / "dumps")]) == 0
+    report = capsys.readouterr().out
+    assert "/restart-0: ranks 0, 1" in report, report
+    assert re.search(r"collective #\d+ \(gloo:all_reduce.* never reached by rank 1 at #\d+", report), report
 
 
 @pytest.mark.slow

@@ -197,6 +197,12 @@ class S3Store(CheckpointStore):
                 return False
             raise
 
+    def names(self, prefix: str) -> list[str]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        base = self._key("")
+        pages = paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix))
+        return sorted(item["Key"].removeprefix(base) for page in pages for item in page.get("Contents", []))
+
     def steps(self) -> list[int]:
         found = []
         paginator = self.client.get_paginator("list_objects_v2")

@@ -97,6 +97,10 @@ class CheckpointStore(ABC):
         """Drop a local copy made by `fetch`."""
 
     @abstractmethod
+    def names(self, prefix: str) -> list[str]:
+        """Every object's name under `prefix` (a folder's, ending in /), sorted."""
+
+    @abstractmethod
     def steps(self) -> list[int]:
         """Published steps, oldest first."""
 
@@ -168,6 +172,7 @@ class LocalStore(CheckpointStore):
 
     def put(self, name: str, data: bytes) -> None:
         final = self.root / name
+        final.parent.mkdir(parents=True, exist_ok=True)  # a name may hold folders, as a key does
         staging = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
         _write_synced(staging, data)
         os.replace(staging, final)
@@ -219,6 +224,11 @@ class LocalStore(CheckpointStore):
 
     def evict(self, name: str, cache: Path) -> None:
         """Nothing to drop: the directory's own file is the local copy."""
+
+    def names(self, prefix: str) -> list[str]:
+        folder = self.root / prefix
+        found = folder.rglob("*") if folder.is_dir() else ()
+        return sorted(str(path.relative_to(self.root)) for path in found if path.is_file())
 
     def steps(self) -> list[int]:
         if not self.root.is_dir():

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import psutil
 
+from trainer.distributed.flight_recorder import DUMP_WAIT_S, answered, recording, request_dumps
 from trainer.distributed.heartbeat import STACK_SIGNAL, Record, read_records, stack_file
 from trainer.lines import write_line
 
@@ -186,12 +187,25 @@ class Watchdog:
             "so that torchrun restarts the group from the newest snapshot"
         )
         self.say(message, record, verdict.state, silent, frames)
+        self.collect_dumps()
         for sig in (signal.SIGCONT, signal.SIGKILL):
             try:
                 os.kill(record.pid, sig)
             except ProcessLookupError:
                 break
         self.removed.add(record.pid)
+
+    def collect_dumps(self) -> None:
+        """Where collectives are recorded, every rank of the node stores its flight
+        recorder's dump before the kill (`trainer.distributed.flight_recorder`); a rank that
+        cannot answer (stopped, or the one hung with the GIL) costs `DUMP_WAIT_S`."""
+        if not recording():
+            return
+        ranks = [record.rank for record in read_records(self.folder)]
+        request_dumps(self.folder, ranks)
+        deadline = time.monotonic() + DUMP_WAIT_S
+        while time.monotonic() < deadline and not answered(self.folder, ranks):
+            time.sleep(0.05)
 
     def say(self, message: str, record: Record, state: str, silent: float, frames: list[str]) -> None:
         if self.log_format == "json":

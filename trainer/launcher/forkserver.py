@@ -45,8 +45,9 @@ from pathlib import Path
 
 from trainer.launcher.fork_protocol import HEADER, POLL_S, STDIO, alive
 
-# inductor's compiler: a compiled run's restart would import it again (0.6 s of CPU here)
-PRELOAD = ("trainer.cli", "torch._dynamo", "torch._inductor.compile_fx")
+# not inductor's compiler (0.6 s of CPU more): at the lowest priority beside a training run,
+# it kept the server from being ready for the restarts of a run's first minute
+PRELOAD = ("trainer.cli", "torch._dynamo")
 # read once, when torch or Python start: a child forked from a server started under other
 # values would not honour the worker's own
 IMPORT_TIME_ENV = (

@@ -23,6 +23,7 @@ from trainer.config import CheckpointConfig, Config, ConfigError
 from trainer.config.plugin_errors import PluginIOError
 from trainer.data import DataSplits, build_data
 from trainer.data.identity import DataIdentity, identify
+from trainer.distributed.flight_recorder import start_dumps
 from trainer.distributed.heartbeat import Heartbeat, heartbeat_dir
 from trainer.distributed.leaving import mark_left
 from trainer.distributed.node_watch import start_node_watch
@@ -168,6 +169,8 @@ def _train_in_group(
             # Python handler would wait for TCPStore's connect loop in C++ to give up
             stop.install()
             node_watch = start_node_watch(context, config.watchdog, heartbeat, logger)
+            store = prepared.ownership.checkpointer.store
+            dumps = start_dumps(heartbeat.folder, context, store, logger)
             try:
                 trainer = Trainer(
                     config,
@@ -196,8 +199,9 @@ def _train_in_group(
             except NotDurable as unsaved:
                 return unsaved.exit_code
             finally:
-                if node_watch is not None:
-                    node_watch.stop()
+                for watcher in (node_watch, dumps):
+                    if watcher is not None:
+                        watcher.stop()
     except RuntimeError as error:  # DistError is one; outside the group, which a lost peer cannot close
         if (reason := peer_lost(error)) is None:
             raise
