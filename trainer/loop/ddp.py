@@ -24,6 +24,7 @@ No `from __future__ import annotations` here: `register_comm_hook` compares a ho
 annotations with the classes themselves.
 """
 
+import inspect
 import math
 from typing import Any
 
@@ -34,7 +35,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.config import DdpConfig
+from trainer.config import ConfigError, DdpConfig
 
 
 def bf16_compress(
@@ -50,24 +51,39 @@ def bf16_compress(
 HOOKS = {"bf16": bf16_compress, "fp16": default_hooks.fp16_compress_hook}
 
 
+def check_powersgd(config: DdpConfig) -> None:
+    """PowerSGD's one bucket needs DDP's `bucket_cap_mb_list`, which torch 2.13 has and
+    earlier ones may lack (the lent GPU machine's 2.11): refused there in one line."""
+    if (
+        config.comm_hook == "powersgd"
+        and "bucket_cap_mb_list" not in inspect.signature(DistributedDataParallel).parameters
+    ):
+        raise ConfigError(
+            "ddp.comm_hook",
+            config.comm_hook,
+            f"this torch ({torch.__version__}) has no DDP bucket_cap_mb_list, which PowerSGD's single "
+            "bucket needs; use bf16, fp16 or none, or torch 2.13",
+        )
+
+
 def wrap(
     module: nn.Module, device: torch.device, config: DdpConfig, powersgd: "PowerSGDCheckpoint | None" = None
 ) -> DistributedDataParallel:
     """The module in DDP with `config`'s buckets, switches and hook; `powersgd` holds the
     PowerSGD state when the hook is `powersgd`."""
     powersgd_on = config.comm_hook == "powersgd"
-    one_bucket = None
+    buckets = {}
     if powersgd_on:  # a bucket the size of the model (see the module's docstring)
         model_mb = sum(p.numel() * p.element_size() for p in module.parameters()) / 2**20
-        one_bucket = [math.ceil(model_mb) + 1]
+        buckets = {"bucket_cap_mb_list": [math.ceil(model_mb) + 1]}
     model = DistributedDataParallel(
         module,
         device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb=config.bucket_cap_mb,
-        bucket_cap_mb_list=one_bucket,
         static_graph=config.static_graph,
         gradient_as_bucket_view=config.gradient_as_bucket_view,
         find_unused_parameters=powersgd_on,
+        **buckets,
     )
     if powersgd_on:
         model.register_comm_hook(powersgd.state, powerSGD_hook.powerSGD_hook)

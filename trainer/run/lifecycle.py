@@ -31,6 +31,7 @@ from trainer.distributed.process_group import DistContext, peer_lost, process_gr
 from trainer.distributed.recurrence import Crash, RecurringCrash, check_recurrence
 from trainer.distributed.watchdog import start_watchdog
 from trainer.loop.checkpoint_policy import NotDurable
+from trainer.loop.ddp import check_powersgd
 from trainer.loop.engine import Trainer
 from trainer.loop.plan import steps_per_epoch
 from trainer.loop.preemption import LEASE_LOST, Stopped, StopSignal
@@ -94,6 +95,7 @@ class Prepared:
 def prepare(config: Config, context: DistContext, stop: StopSignal, device: torch.device) -> Prepared:
     """Build data and model and try them on one batch, then the store; rank 0 then takes
     the location (trainer.run.ownership). Raises ConfigError, holding no lease then."""
+    check_powersgd(config.ddp)
     splits, module = build_and_probe(config, context.world_size, device)
     data = identify(config.data, splits)
     checkpointer = Checkpointer(
