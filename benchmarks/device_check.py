@@ -16,8 +16,8 @@ that would start past it is reported as skipped:
             the launch to the first progress line, less the eager run's) and MFU; its step
             split (CUDA events) against the wall clock between its progress lines
   bare      benchmarks.bare_ddp, the same model compiled in bf16: trainer / bare samples/s
-  stall     compiled, a checkpoint every 10 steps and snapshots on: the checkpoints' share
-            of the step time, from the progress lines
+  stall     compiled, a checkpoint every 10 steps and a snapshot every 5: the checkpoints'
+            share of the step time, from the progress lines
   resume    the small tokens model with train.deterministic: 20 steps straight against 10
             and a restart for 10 more; the same bits, weights and optimizer state
 and the backend (nccl at world size 1 on CUDA). Targets beside the figures: MFU >= 45 %
@@ -45,6 +45,7 @@ from benchmarks.trial_record import final_state, same_state
 from trainer.telemetry.timing import PARTS
 
 STEPS = 30
+CPU_STEPS = 12  # the CPU path's: what CI runs, as short as still leaves steady windows
 COMMON = "train.epochs=1000,checkpoint.every_steps=0,checkpoint.snapshot_every_steps=0,metrics.port=0"
 SMALL = "train.batch_size=8,model.width=32,model.depth=1"  # the CPU path's model
 TARGETS = {"mfu": 0.45, "vs_bare": 0.97, "stall": 0.10}
@@ -87,11 +88,21 @@ class Setup:
     model: str  # overrides naming the model and batch
     cuda: bool
 
-    def run(self, name: str, overrides: str, steps: int = STEPS) -> tuple[float, list[dict]]:
+    @property
+    def steps(self) -> int:
+        return STEPS if self.cuda else CPU_STEPS
+
+    @property
+    def log_every(self) -> int:
+        return self.steps // 6
+
+    def run(self, name: str, overrides: str, steps: int = 0) -> tuple[float, list[dict]]:
         """A trainer run with its own checkpoint folder and the shared compile cache."""
         settings = f"{self.model},{COMMON},{overrides}"
-        cache = self.workdir / "inductor"
-        return run_trainer(self.workdir, self.workdir / name, cache, settings, steps, "tokens", log_every=5)
+        cache, steps = self.workdir / "inductor", steps or self.steps
+        return run_trainer(
+            self.workdir, self.workdir / name, cache, settings, steps, "tokens", self.log_every
+        )
 
 
 def split_problems(records: list[dict], world_size: int) -> list[str]:
@@ -159,16 +170,22 @@ def check(report: Report, setup: Setup, budget_s: float) -> None:
         report.add(not problems, said)
 
     def bare() -> None:
-        overrides = [*setup.model.split(","), "train.compile=model", f"train.max_steps={STEPS}"]
-        rate = run_baseline("bare_ddp", 1, [*overrides, "train.epochs=1000"], log_every=5, config="tokens")
+        overrides = [*setup.model.split(","), "train.compile=model", f"train.max_steps={setup.steps}"]
+        every = setup.log_every
+        rate = run_baseline(
+            "bare_ddp", 1, [*overrides, "train.epochs=1000"], log_every=every, config="tokens"
+        )
         ratio = figures["compiled_rate"] / rate.samples_per_second
         ok = not setup.cuda or ratio >= TARGETS["vs_bare"]
         bare_rate = f"{rate.samples_per_second:,.1f} samples/s bare"
         report.add(ok, f"bare: trainer/bare {ratio:.3f}, both compiled ({bare_rate}); target >= 0.97")
 
     def stall() -> None:
-        saving = "checkpoint.every_steps=10,checkpoint.snapshot_every_steps=5"
-        _, records = setup.run("stall", f"train.compile=model,{saving}")
+        saving = (
+            f"checkpoint.every_steps={setup.steps // 3},checkpoint.snapshot_every_steps={setup.steps // 6}"
+        )
+        compiled = "model" if setup.cuda else "off"  # the stall is the GPU's question; CPU: one compile less
+        _, records = setup.run("stall", f"train.compile={compiled},{saving}")
         steady = progress(records)[1:]
         share = sum(r["checkpoint_ms"] for r in steady) / sum(r["step_ms"] for r in steady)
         ok = not setup.cuda or share <= TARGETS["stall"]

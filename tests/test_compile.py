@@ -5,6 +5,7 @@ and `python -m benchmarks.fault_trials --set train.compile=model`."""
 
 from __future__ import annotations
 
+import copy
 import io
 import logging
 import tarfile
@@ -35,10 +36,14 @@ def model(name: str, spec: DataSpec, **sets: object) -> torch.nn.Module:
 
 
 def test_a_compiled_sequential_really_compiles_and_keeps_its_keys_and_numbers():
-    """The CNN is a bare nn.Sequential, which `nn.Module.compile()` leaves eager (no graph):
-    the forward compiled in place gives graphs, the eager model's keys and its outputs."""
-    eager, compiled = model("cnn", DIGITS, width=4, depth=1), model("cnn", DIGITS, width=4, depth=1)
-    compiled.load_state_dict(eager.state_dict())
+    """The bundled models are bare nn.Sequentials (the CNN) or hold them, which
+    `nn.Module.compile()` leaves eager (no graph): the forward compiled in place gives graphs,
+    the eager model's keys and its outputs. A small one: the class is the point."""
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 8), torch.nn.ReLU(), torch.nn.Linear(8, 10)
+    )
+    compiled = copy.deepcopy(eager)
     before = graphs_compiled()
     assert compile_in_place(compiled, "model", "cnn") == 1
     inputs = torch.randn(4, 1, 8, 8)

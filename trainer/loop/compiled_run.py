@@ -5,6 +5,7 @@ graphs kept and reported once they exist."""
 from __future__ import annotations
 
 import logging
+import os
 from types import TracebackType
 
 import torch
@@ -14,9 +15,20 @@ from trainer.checkpoint.store import CheckpointStore
 from trainer.config import Config, ConfigError
 from trainer.distributed import heartbeat as phases
 from trainer.distributed.heartbeat import Heartbeat
+from trainer.distributed.process_group import DistContext
 from trainer.loop.compile_cache import CompileCache, cache_key
 from trainer.loop.compiling import compile_in_place, graph_breaks, graphs_compiled
 from trainer.telemetry.log import event, plural
+
+
+def share_compile_workers(local_ranks: int) -> None:
+    """Inductor compiles kernels in a pool of worker processes, `min(32, CPUs)` of them per
+    process (torch/_inductor/config.py, `decide_compile_threads`): 8 ranks of a node would
+    start 256 on its CPUs, each importing torch. The node's CPUs are shared among its ranks
+    instead, unless the job sets `TORCHINDUCTOR_COMPILE_THREADS`; one means no pool."""
+    if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+        cpus = len(os.sched_getaffinity(0))
+        torch._inductor.config.compile_threads = max(1, min(32, cpus // local_ranks))
 
 
 class CompiledRun:
@@ -27,19 +39,18 @@ class CompiledRun:
         config: Config,
         store: CheckpointStore,
         device_name: str,
-        is_main: bool,
+        context: DistContext,
         heartbeat: Heartbeat,
         log: logging.Logger,
     ) -> None:
         """`store` is the checkpoints'; `device_name` keys the cache."""
         self.mode, self.model_name = config.train.compile, config.model.name
         self.limit_s = config.watchdog.compile_s
-        self.heartbeat, self.log, self.is_main = heartbeat, log, is_main
+        self.heartbeat, self.log, self.is_main = heartbeat, log, context.is_main
+        self.local_ranks = context.local_world_size
+        shared = config.train.compile_cache == "shared"
         self.cache = CompileCache(
-            store,
-            cache_key(config, device_name),
-            shared=config.train.compile_cache == "shared",
-            writes=is_main,
+            store, cache_key(config, device_name), shared=shared, writes=context.is_main
         )
         self.found = "off"  # where the cache came from
         self.graphs = 0  # graphs compiled when last settled
@@ -52,6 +63,7 @@ class CompiledRun:
         """Open the cache, then compile in place (ConfigError for `blocks` without blocks)."""
         if self.on:
             self.found = self.cache.open(self.log)
+            share_compile_workers(self.local_ranks)
             compile_in_place(module, self.mode, self.model_name)
 
     def __enter__(self) -> None:

@@ -120,7 +120,7 @@ class Trainer:
         self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         self.peak_flops = peak_flops(config.metrics, self.device_name)
         store = checkpointer.store
-        self.compiled = CompiledRun(config, store, self.device_name, context.is_main, heartbeat, logger)
+        self.compiled = CompiledRun(config, store, self.device_name, context, heartbeat, logger)
         shape = RunShape(
             self.math.global_batch,
             config.train.epochs,
