@@ -27,7 +27,8 @@ def share_compile_workers(local_ranks: int) -> None:
     start 256 on its CPUs, each importing torch. The node's CPUs are shared among its ranks
     instead, unless the job sets `TORCHINDUCTOR_COMPILE_THREADS`; one means no pool."""
     if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
-        cpus = len(os.sched_getaffinity(0))
+        # the CPUs this process may run on (Linux), else all of them (a laptop's macOS)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         torch._inductor.config.compile_threads = max(1, min(32, cpus // local_ranks))
 
 
@@ -67,7 +68,7 @@ class CompiledRun:
             compile_in_place(module, self.mode, self.model_name)
 
     def __enter__(self) -> None:
-        """Around each step: nothing but a flag test once the first step is done."""
+        """Around each step and validation, where compiles happen: nothing going in."""
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, _: TracebackType | None
