@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.compile import record as first_record
 from benchmarks.compile import run as run_trainer
 from benchmarks.gpu import FULL
 from benchmarks.runner import run_baseline
@@ -134,13 +135,16 @@ def progress(records: list[dict]) -> list[dict]:
     return [record for record in records if record.get("event") == "progress"]
 
 
+def steady_rate(records: list[dict]) -> float:
+    """The median samples/s of the progress lines after the first (which holds the compile)."""
+    return statistics.median(record["samples_per_second"] for record in progress(records)[1:])
+
+
 def mfu_line(records: list[dict]) -> tuple[float | None, str]:
-    steady = progress(records)[1:]  # the first window holds the compile
-    rate = statistics.median(record["samples_per_second"] for record in steady)
-    mfus = [record["mfu"] for record in steady if record.get("mfu") is not None]
+    mfus = [record["mfu"] for record in progress(records)[1:] if record.get("mfu") is not None]
     mfu = statistics.median(mfus) if mfus else None
-    start = next(record for record in records if record.get("event") == "start")
-    tokens = rate * start["tokens_per_sample"]
+    start = first_record(records, "start")
+    tokens = steady_rate(records) * start["tokens_per_sample"]
     shown = "n/a (no peak known for this device)" if mfu is None else f"{mfu:.1%}"
     return mfu, f"{tokens:,.0f} tokens/s, MFU {shown}, {start['backend']}, amp {start['amp']}"
 
@@ -152,24 +156,24 @@ def check(report: Report, setup: Setup, budget_s: float) -> None:
     def eager() -> None:
         seconds, records = setup.run("eager", "train.compile=off")
         figures["eager_s"] = seconds
-        figures["eager_rate"] = statistics.median(r["samples_per_second"] for r in progress(records)[1:])
         report.add(True, f"eager: {mfu_line(records)[1]}")
 
     def compiled() -> None:
         seconds, records = setup.run("compiled", "train.compile=model")
-        figures["compiled_rate"] = statistics.median(r["samples_per_second"] for r in progress(records)[1:])
+        figures["compiled_rate"] = steady_rate(records)
         mfu, line = mfu_line(records)
         compile_s = seconds - figures.get("eager_s", 0.0)
         ok = mfu is None or not setup.cuda or mfu >= TARGETS["mfu"]
         report.add(ok, f"compiled: {line}; compile {compile_s:.0f}s (wall less eager's); target MFU >= 45 %")
-        start = next(record for record in records if record.get("event") == "start")
-        problems = split_problems(progress(records), start["world_size"])
+        problems = split_problems(progress(records), first_record(records, "start")["world_size"])
         last = progress(records)[-1]
         split = ", ".join(f"{name} {last[f'{name}_ms']:.2f}" for name in PARTS)
         said = f"split: {last['step_ms']:.2f} ms = {split}" + (f"; {problems[0]}" if problems else "")
         report.add(not problems, said)
 
     def bare() -> None:
+        if "compiled_rate" not in figures:
+            raise ValueError("no compiled run to compare the bare loop with (see its line)")
         overrides = [*setup.model.split(","), "train.compile=model", f"train.max_steps={setup.steps}"]
         every = setup.log_every
         rate = run_baseline(
@@ -197,7 +201,7 @@ def check(report: Report, setup: Setup, budget_s: float) -> None:
         small.run("straight", deterministic, steps=20)
         small.run("restarted", deterministic, steps=10)
         _, records = small.run("restarted", deterministic, steps=20)
-        resumed = next(r for r in records if r.get("event") == "plan").get("resumed_from")
+        resumed = first_record(records, "plan").get("resumed_from")
         same = same_state(final_state(setup.workdir / "straight"), final_state(setup.workdir / "restarted"))
         verdict = "bit-identical" if same else "DIFFERENT"
         report.add(same and resumed == 10, f"resume: from step {resumed}, final state {verdict}")
