@@ -2,6 +2,7 @@
 the same model, data, optimizer and world size, interleaved and repeated.
 
     python -m benchmarks.throughput [--config NAME] [--nproc 2] [--repeats 7] [--set k=v ...]
+                                    [--hanging-status-server]
 
 All three validate after every epoch and leave that time out of their windows. Ours runs
 without gradient clipping and durable checkpoints here (the other two have neither): the
@@ -9,6 +10,10 @@ comparison is of loop overhead, not of features that cost compute; `benchmarks.c
 measures checkpoints. Ours keeps its default node-local snapshots, and their pauses count
 as time: they are part of every step's price (`benchmarks.snapshot` measures them apart).
 Lightning is the optional `bench` extra (`pip install -e '.[bench]'`).
+
+`--hanging-status-server` adds ours once more, posting its progress to a Trainer status
+server (as a TrainJob's pods are given one) that takes each connection and never answers:
+its rate over ours without one is what a hung server costs training (target >= 0.98).
 
 Beside each wall-clock rate: CPU-seconds per 1,000 samples over the same steady windows,
 of the contender's whole process tree (torchrun's agent, the ranks, our snapshot writers),
@@ -18,10 +23,15 @@ CPU time per sample swings far less and shows where a difference comes from.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import os
+import socket
 import statistics
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from benchmarks.runner import BaselineRun, TrainerRun, run_baseline, run_trainer, trainer_bench_parser
 
@@ -34,6 +44,8 @@ DEFAULTS = [
 ]
 LOG_EVERY = 20
 TARGETS = {"bare DDP loop": 0.98, "Lightning": 1.0}
+HUNG = "ours, hung status"
+HUNG_TARGET = 0.98
 
 Run = TrainerRun | BaselineRun
 Runner = Callable[[int, list[str]], Run]
@@ -43,7 +55,34 @@ def ours(nproc: int, overrides: list[str], *, config: str | None) -> TrainerRun:
     return run_trainer(nproc, overrides, log_every=LOG_EVERY, config=config)
 
 
-def contenders(config: str | None) -> dict[str, Runner]:
+@contextlib.contextmanager
+def hung_status_server() -> Iterator[None]:
+    """Trainer's status-server variables, as its TrainJobStatus plugin injects them, naming a
+    listener on this host that takes connections and never answers (not even TLS)."""
+    from operator_scripts.local.status_server import issue_credentials, status_url
+
+    with tempfile.TemporaryDirectory() as folder, socket.create_server(("127.0.0.1", 0)) as silent:
+        issue_credentials(Path(folder), [])
+        (Path(folder) / "token").write_text("token")
+        injected = {
+            "KUBEFLOW_TRAINER_SERVER_URL": status_url("bench", "run", "127.0.0.1", silent.getsockname()[1]),
+            "KUBEFLOW_TRAINER_SERVER_CA_CERT": f"{folder}/ca.crt",
+            "KUBEFLOW_TRAINER_SERVER_TOKEN": f"{folder}/token",
+        }
+        os.environ.update(injected)
+        try:
+            yield
+        finally:
+            for name in injected:
+                del os.environ[name]
+
+
+def ours_with_hung_status(nproc: int, overrides: list[str], *, config: str | None) -> TrainerRun:
+    with hung_status_server():
+        return ours(nproc, [*overrides, "metrics.status_post_every_s=1"], config=config)
+
+
+def contenders(config: str | None, hung_status: bool = False) -> dict[str, Runner]:
     runners: dict[str, Runner] = {
         "ours": functools.partial(ours, config=config),
         "bare DDP loop": functools.partial(run_baseline, "bare_ddp", log_every=LOG_EVERY, config=config),
@@ -52,13 +91,17 @@ def contenders(config: str | None) -> dict[str, Runner]:
         runners["Lightning"] = functools.partial(
             run_baseline, "lightning_ddp", log_every=LOG_EVERY, config=config
         )
+    if hung_status:
+        runners[HUNG] = functools.partial(ours_with_hung_status, config=config)
     return runners
 
 
-def measure(nproc: int, overrides: list[str], repeats: int, config: str | None) -> dict[str, list[Run]]:
+def measure(
+    nproc: int, overrides: list[str], repeats: int, config: str | None, hung_status: bool = False
+) -> dict[str, list[Run]]:
     """Every contender's runs, `repeats` rounds, the order rotated each round so no
     contender always runs first (or right after the slowest)."""
-    runners = contenders(config)
+    runners = contenders(config, hung_status)
     names = list(runners)
     results: dict[str, list[Run]] = {name: [] for name in names}
     for round_ in range(repeats):
@@ -110,12 +153,27 @@ def summary(results: dict[str, list[Run]]) -> list[str]:
                 "; lower is leaner",
             )
         )
+    if HUNG in results:
+        lines.append(
+            ratio_line(
+                "ratio ours with a hung status server/ours",
+                [run.samples_per_second for run in results[HUNG]],
+                [run.samples_per_second for run in results["ours"]],
+                f"; target >= {HUNG_TARGET:.2f}",
+            )
+        )
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = trainer_bench_parser(__doc__, repeats=7).parse_args(argv)
-    results = measure(args.nproc, [*DEFAULTS, *args.overrides], args.repeats, args.config)
+    parser = trainer_bench_parser(__doc__, repeats=7)
+    parser.add_argument(
+        "--hanging-status-server", action="store_true", help="ours once more, its status server hung"
+    )
+    args = parser.parse_args(argv)
+    results = measure(
+        args.nproc, [*DEFAULTS, *args.overrides], args.repeats, args.config, args.hanging_status_server
+    )
     if "Lightning" not in results:
         print("PyTorch Lightning is not installed (the optional `bench` extra): ours against the bare loop")
     processes = f"{args.nproc} process{'es' if args.nproc > 1 else ''}"

@@ -230,6 +230,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _local(args: argparse.Namespace) -> int:
+    from operator_scripts.cluster.status import NO_TRAINER_STATUS, progress_lines
     from operator_scripts.local.pods import LocalError
     from operator_scripts.local.run import run
     from operator_scripts.local.runtimes.process import ProcessRuntime
@@ -269,6 +270,9 @@ def _local(args: argparse.Namespace) -> int:
     succeeded = outcome.status in ("Succeeded", "Complete")
     for line in [] if succeeded else outcome.failed_pods():  # as `kubectl describe pod` shows them
         print(line, file=sys.stderr)
+    if outcome.kind == "TrainJob":
+        source = "status.trainerStatus" if outcome.trainer_status else NO_TRAINER_STATUS
+        print(*progress_lines(outcome.trainer_status, source), sep="\n", file=sys.stderr)
     print(outcome.summary(), flush=True)
     return 0 if succeeded else 1
 

@@ -27,6 +27,24 @@ HAND_BUILT = REPO / "tests" / "hand-built"
 JOB = json.loads((HAND_BUILT / "pytorchjob-running.json").read_text())
 PODS = json.loads((HAND_BUILT / "pods.json").read_text())
 BASE = "/apis/kubeflow.org/v1/namespaces/training/pytorchjobs"
+
+
+# rank 0's series as its pod serves them (names as trainer/telemetry/metrics.py declares
+# them, which test_metrics.py reads from a real run); rank 1's are its own, never set
+def metrics_page(first_rank: int, figures: list[tuple[str, float]]) -> str:
+    """A pod's page: its first rank's series at `figures`, its second's never set."""
+    return "".join(
+        f'# TYPE {name} gauge\n{name}{{local_rank="0",node_rank="0",rank="{first_rank}"}} {value}\n'
+        f'{name}{{local_rank="1",node_rank="0",rank="{first_rank + 1}"}} 0.0\n'
+        for name, value in figures
+    )
+
+
+FIGURES = [
+    ("ddp_train_step", 270.0), ("ddp_train_total_steps", 600.0), ("ddp_train_eta_seconds", 3600.4),
+    ("ddp_train_loss", 0.2347), ("ddp_train_global_samples_per_second", 812.43),
+    ("ddp_checkpoint_last_success_step", 250.0),
+]  # fmt: skip
 BANNER_LOG = "2026-11-29T10:00:09Z rank 0 on host ddp-run-ddp-trainer-worker-1: world size 16\nstep 10/100\n"
 
 
@@ -172,7 +190,7 @@ def status_then_logs(routes: dict, capsys, monkeypatch, tmp_path) -> tuple[str, 
 
 
 def test_status_and_logs_against_hand_built_responses(capsys, monkeypatch, tmp_path):
-    pods = "/api/v1/namespaces/training/pods"
+    pods = proxy = "/api/v1/namespaces/training/pods"
     routes = {
         ("GET", f"{BASE}/ddp-run-ddp-trainer"): (200, JOB),
         ("GET", f"{pods}?labelSelector=training.kubeflow.org%2Fjob-name%3Dddp-run-ddp-trainer"): (200, PODS),
@@ -182,8 +200,21 @@ def test_status_and_logs_against_hand_built_responses(capsys, monkeypatch, tmp_p
         # rendezvous put rank 0 on worker-1: the labelled pod's log lacks the banner
         ("GET", f"{pods}/ddp-run-ddp-trainer-worker-0/log"): (200, "[rank 8] WARNING: slow disk\n"),
         ("GET", f"{pods}/ddp-run-ddp-trainer-worker-1/log"): (200, BANNER_LOG),
+        # rank 0's metrics, through the API server's pod proxy (a PyTorchJob has no progress field)
+        # (the pod name's ':' as the client escapes it), the labelled pod's first: it runs ranks 8-9
+        ("GET", f"{proxy}/ddp-run-ddp-trainer-worker-0%3A9401/proxy/metrics"): (
+            200, metrics_page(8, FIGURES)
+        ),
+        ("GET", f"{proxy}/ddp-run-ddp-trainer-worker-1%3A9401/proxy/metrics"): (
+            200, metrics_page(0, FIGURES)
+        ),
     }  # fmt: skip
     out, captured, api = status_then_logs(routes, capsys, monkeypatch, tmp_path)
+    assert (
+        "  progress: 45% (step 270 of 600), ETA 1h00m; rank 0's metrics, pod ddp-run-ddp-trainer-worker-1"
+        in out
+    )
+    assert "  loss 0.2347, 812.4 samples/s, newest checkpoint step 250" in out
     assert (
         "Running" in out
         and "container restarts 1" in out
@@ -280,6 +311,8 @@ def test_status_and_logs_of_a_trainjob_against_hand_built_responses(capsys, monk
     assert "container restarts 2, JobSet restarts 1" in out and "job node: active 2, failed 0" in out
     assert "condition JobSet StartupPolicyCompleted=True InOrderStartupPolicyCompleted" in out
     assert "rank 0 pod: ddp-run-ddp-trainer-node-0-0-x7k2p" in out
+    assert "  progress: 45% (step 270 of 600), ETA 1h00m; status.trainerStatus, 2026-11-29T10:05:00Z" in out
+    assert "  loss 0.2347, 812.4 samples/s, newest checkpoint step 250" in out
     assert "# rank 0: pod ddp-run-ddp-trainer-node-0-0-x7k2p" in captured.err
     assert captured.out.splitlines()[-1] == "step 10/100"
 

@@ -156,6 +156,13 @@ def test_a_lost_node_costs_a_few_steps_the_job_resumes_from_the_survivors_snapsh
     assert survivor.count("rank 0 lost a peer (") == 1 and "Traceback" not in survivor, survivor[-3000:]
     assert any("world size 2 (2 nodes x 1 process)" in line for line in lines)  # rank 0 streamed
     assert s3_bucket.latest_step(prefix) == 60
+    if kind == "TrainJob":  # rank 0's progress in the status, through Trainer's status server
+        status = outcome.trainer_status or {}
+        figures = {metric["name"]: metric["value"] for metric in status.get("metrics", [])}
+        assert status.get("progressPercentage") == 100 and status.get("estimatedRemainingSeconds") == 0, (
+            status
+        )
+        assert (figures.get("step"), figures.get("durable_step")) == ("60", "60"), status
 
     recovered = s3_bucket.load(prefix)
     assert_bits_of_an_uninterrupted_run(rendered, recovered, references, s3_env(s3_bucket.endpoint))

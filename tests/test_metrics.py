@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 from conftest import free_port, process_env, run_trainer
 
+from operator_scripts.cluster.status import progress_from_metrics, rank0_figures
 from trainer.config import MetricsConfig
 from trainer.distributed.process_group import read_env
 from trainer.telemetry.metrics import attempt_dir, peak_flops, prepare_multiprocess_dir
@@ -55,7 +56,7 @@ def test_a_run_serves_labelled_series_on_its_port(workdir):
             "-m",
             "trainer",
             "--set",
-            f"metrics.port={port},train.epochs=200,checkpoint.every_steps=20",
+            f"metrics.port={port},train.epochs=200,checkpoint.every_steps=20,log.every_steps=5",
         ],
         cwd=workdir,
         env=process_env(),
@@ -65,7 +66,7 @@ def test_a_run_serves_labelled_series_on_its_port(workdir):
     )
     try:
         deadline, body = time.monotonic() + 60, ""
-        while "ddp_train_steps_total{" not in body:
+        while "ddp_train_steps_total{" not in body or progress_from_metrics(rank0_figures(body)) is None:
             assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-2000:]
             try:
                 body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
@@ -77,6 +78,12 @@ def test_a_run_serves_labelled_series_on_its_port(workdir):
     steps = next(line for line in body.splitlines() if line.startswith("ddp_train_steps_total{"))
     assert 'rank="0"' in steps and 'local_rank="0"' in steps and 'node_rank="0"' in steps
     assert 'ddp_run_info{dataset="digits"' in body and 'model="cnn"' in body
+    # where `ddp-ops status` finds a PyTorchJob's progress (through the API server's pod proxy)
+    progress = progress_from_metrics(rank0_figures(body))
+    figures = {metric["name"]: float(metric["value"]) for metric in progress["metrics"]}
+    assert 0 < figures["step"] < figures["total_steps"] and progress["estimatedRemainingSeconds"] > 0, (
+        progress
+    )
     # no rendezvous id: it names the key of torchrun's state in the (unauthenticated) store
     assert "run_id" not in body and "torch.rendezvous" not in body
 

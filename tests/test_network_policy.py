@@ -89,6 +89,29 @@ def test_the_metrics_port_admits_only_the_named_prometheus_and_egress_keeps_off_
     assert table.index("-A INPUT -s 10.0.0.1/32 -j ACCEPT") < table.index("-A INPUT -j DROP")
 
 
+def test_a_trainjob_reaches_only_trainers_status_server_and_the_api_server_reaches_metrics_when_named():
+    """A TrainJob's pods post to the controller's pods in kubeflow-system on 10443 (not to an
+    impostor with its labels elsewhere, nor another port); a PyTorchJob's have no such rule.
+    The API server's pod proxy reaches the metrics port only from `networkPolicy.apiServer`."""
+    trainjob = rendered("jobKind=TrainJob")
+    policy, pod = trainjob.one("NetworkPolicy"), endpoints_of(trainjob, "training", 2)[0]
+    labels = {"app.kubernetes.io/name": "trainer", "app.kubernetes.io/component": "manager",
+              "app.kubernetes.io/part-of": "kubeflow"}  # fmt: skip
+    controller = Endpoint("manager", "kubeflow-system", labels, "10.0.0.7")
+    impostor = Endpoint("fake", "training", labels, "10.0.0.8")
+    table = ruleset(pod, [policy], [pod, controller, impostor], node="10.0.0.1")
+    assert "-A OUTPUT -d 10.0.0.7/32 -p tcp --dport 10443 -j ACCEPT" in table and "10.0.0.8" not in table
+    assert "10443" not in json.dumps(rendered().one("NetworkPolicy"))  # a PyTorchJob posts nowhere
+    assert "10443" not in json.dumps(
+        rendered("jobKind=TrainJob,networkPolicy.trainerStatusServer=null").objects
+    )
+
+    control_plane = "networkPolicy.apiServer[0].ipBlock.cidr=172.20.0.0/28,metrics.port=9500"
+    ingress = rendered(control_plane).one("NetworkPolicy")["spec"]["ingress"]
+    proxied = [rule for rule in ingress if {"ipBlock": {"cidr": "172.20.0.0/28"}} in rule["from"]]
+    assert len(proxied) == 1 and proxied[0]["ports"] == [{"port": 9500, "protocol": "TCP"}]
+
+
 def test_an_endpoint_given_as_an_address_is_let_through_on_its_port_and_pod_identity_when_asked():
     egress = rendered(
         "checkpoint.s3.bucket=b,checkpoint.s3.endpoint=http://10.9.8.7:9000,networkPolicy.podIdentity=true"
@@ -186,6 +209,11 @@ REFUSED = [  # (values as YAML, what the one line says)
         "a In []: no value to match",
     ),
     ("networkPolicy: {dns: []}", "networkPolicy.dns=[]: the pods could resolve no name"),
+    ("networkPolicy: {apiServer: [{ipBlock: {cidr: 0.0.0.0/0}}]}", "admits every address"),
+    (
+        "{jobKind: TrainJob, networkPolicy: {trainerStatusServer: {podSelector: {matchLabels: null}}}}",
+        "selects every pod of the namespaces it selects",
+    ),
     ("checkpoint: {s3: {bucket: b, endpoint: 'http://minio:9000'}}", "port 9000 is not among them"),
     ("checkpoint: {s3: {accessKeyIdKey: KEY}}", "only as a credentials file"),
     ("{mode: fixed, gpus: 16, podSecurityStandard: restricted}", "the restricted standard refuses"),

@@ -100,6 +100,12 @@ service (an egress destination). */}}
 {{- range $index, $peer := $np.healthFrom -}}
 {{- include "ddp.checkPeer" (dict "peer" $peer "where" (printf "networkPolicy.healthFrom[%d]" $index) "from" true) -}}
 {{- end -}}
+{{- range $index, $peer := $np.apiServer -}}
+{{- include "ddp.checkPeer" (dict "peer" $peer "where" (printf "networkPolicy.apiServer[%d]" $index) "from" true) -}}
+{{- end -}}
+{{- if and (eq .Values.jobKind "TrainJob") $np.trainerStatusServer -}}
+{{- include "ddp.checkPeer" (dict "peer" $np.trainerStatusServer "where" "networkPolicy.trainerStatusServer" "from" false) -}}
+{{- end -}}
 {{- if empty $np.dns -}}
 {{- fail "networkPolicy.dns=[]: the pods could resolve no name, S3's included; name your cluster's DNS pods (default: k8s-app=kube-dns in kube-system)" -}}
 {{- end -}}

@@ -5,6 +5,7 @@ ClusterErrors instead of stack traces."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -12,7 +13,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from operator_scripts.cluster.status import JobStatus, summarize, summarize_trainjob
+from operator_scripts.cluster.status import (
+    JobStatus,
+    progress_from_metrics,
+    rank0_figures,
+    summarize,
+    summarize_trainjob,
+)
 from operator_scripts.controllers.pytorchjob_env import LABEL, rank0_selector
 from operator_scripts.controllers.trainjob_env import INDEX_LABEL, JOBSET_LABEL, NODE
 
@@ -244,12 +251,51 @@ class Cluster:
     def status(self, name: str, namespace: str) -> JobStatus:
         kind, job = self.job(name, namespace)
         if kind == "PyTorchJob":
-            return summarize(job, self.pods(name, namespace))
+            pods = self.pods(name, namespace)
+            summary = summarize(job, pods)
+            progress, source = self.metrics_progress(pods, summary.rank0_pod, namespace)
+            return dataclasses.replace(summary, progress=progress, progress_from=source)
         try:
             jobset = self._get(JOBSET_API, "jobsets", name, namespace, "JobSet")
         except ClusterError:  # not created yet (suspended), or JobSet's API not served
             jobset = None
         return summarize_trainjob(job, jobset, self.pods(name, namespace, "TrainJob"))
+
+    def metrics_progress(
+        self, pods: list[dict[str, Any]], first: str | None, namespace: str
+    ) -> tuple[dict[str, Any] | None, str]:
+        """A PyTorchJob's progress, which it has no status field for: rank 0's series read
+        from a pod's metrics port through the API server's pod proxy
+        (`/api/v1/namespaces/NS/pods/POD:PORT/proxy/metrics`), the labelled rank 0 pod's
+        first (rendezvous may have put rank 0 elsewhere); and where it came from, or why
+        there is none."""
+        for pod in sorted(pods, key=lambda pod: pod["metadata"]["name"] != first):
+            name = pod["metadata"]["name"]
+            ports = [
+                port["containerPort"]
+                for container in pod["spec"]["containers"]
+                for port in container.get("ports") or []
+                if port.get("name") == "metrics"
+            ]
+            if not ports:
+                return None, f"pod {name} serves no metrics (metrics.port=0): no progress to read"
+            try:
+                text = self._call(
+                    f"read {namespace}/{name}'s metrics through the API server's pod proxy",
+                    lambda name=name, port=ports[0]: self.core.connect_get_namespaced_pod_proxy_with_path(
+                        f"{name}:{port}", namespace, "metrics"
+                    ),
+                )
+            except ClusterError as error:
+                return (
+                    None,
+                    f"{error} (the job's NetworkPolicy admits the API server as networkPolicy.apiServer)",
+                )
+            if figures := rank0_figures(text):
+                source = f"rank 0's metrics, pod {name} port {ports[0]}"
+                progress = progress_from_metrics(figures)
+                return progress, source if progress else f"{source}: no progress line yet"
+        return None, "no pod serves rank 0's metrics yet"
 
     def log(self, pod: str, namespace: str, *, follow: bool, container: str = "pytorch") -> Iterator[str]:
         if not follow:

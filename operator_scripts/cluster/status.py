@@ -9,6 +9,20 @@ from typing import Any
 
 from operator_scripts.controllers.pytorchjob_env import LABEL
 from operator_scripts.controllers.trainjob_env import INDEX_LABEL
+from trainer.telemetry.trainer_status import trainer_status
+
+NO_TRAINER_STATUS = (
+    "none in status.trainerStatus yet (no progress line yet, or Trainer's TrainJobStatus gate is off)"
+)
+# rank 0's series (trainer/telemetry/metrics.py) -> the figure of a progress line
+SERIES = {
+    "ddp_train_step": "step",
+    "ddp_train_total_steps": "total_steps",
+    "ddp_train_eta_seconds": "eta_seconds",
+    "ddp_train_loss": "loss",
+    "ddp_train_global_samples_per_second": "samples_per_second",
+    "ddp_checkpoint_last_success_step": "durable_step",
+}
 
 
 @dataclass(frozen=True)
@@ -25,6 +39,8 @@ class JobStatus:
     kind: str = "PyTorchJob"
     jobset_restarts: int = 0
     failures: list[str] = field(default_factory=list)  # `failure_line` of each pod that failed last
+    progress: dict[str, Any] | None = None  # as status.trainerStatus holds it
+    progress_from: str = "status.trainerStatus"  # where it came from, or why there is none
 
 
 def failure_line(pod: str, exit_code: int, message: str) -> str:
@@ -114,6 +130,7 @@ def summarize_trainjob(
         }
         for job in trainjob.get("status", {}).get("jobsStatus", [])
     }
+    trainer_said = trainjob.get("status", {}).get("trainerStatus")
     rank0 = sorted(
         (p for p in pods if p["metadata"].get("labels", {}).get(INDEX_LABEL) == "0"),
         key=lambda p: p["metadata"].get("creationTimestamp", ""),
@@ -129,7 +146,57 @@ def summarize_trainjob(
         kind="TrainJob",
         jobset_restarts=int(jobset_status.get("restarts", 0)),
         failures=pod_failures(pods),
+        progress=trainer_said,
+        progress_from="status.trainerStatus" if trainer_said else NO_TRAINER_STATUS,
     )
+
+
+def rank0_figures(text: str) -> dict[str, float]:
+    """Rank 0's figures in a pod's metrics page (Prometheus' text format); none where rank 0
+    does not run in that pod."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    figures: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in SERIES and sample.labels.get("rank") == "0":
+                figures[SERIES[sample.name]] = sample.value
+    return figures
+
+
+def progress_from_metrics(figures: dict[str, float], now: datetime | None = None) -> dict[str, Any] | None:
+    """A trainerStatus made of rank 0's figures, as the trainer would post them; None
+    before rank 0's first progress line."""
+    if not figures.get("total_steps"):
+        return None
+    figures = {k: v for k, v in figures.items() if k != "durable_step" or v}  # zero: no checkpoint yet
+    return trainer_status(figures, now or datetime.now(timezone.utc))["trainerStatus"]
+
+
+def _clock(seconds: int) -> str:
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def progress_lines(progress: dict[str, Any] | None, source: str) -> list[str]:
+    """Where the job is, in two lines: progress and ETA, then the figures and the newest
+    durable step."""
+    if not progress:
+        return [f"  progress: {source}"]
+    figures = {metric["name"]: metric["value"] for metric in progress.get("metrics", [])}
+    percent = progress.get("progressPercentage")
+    head = "  progress: " + ("unknown" if percent is None else f"{percent}%")
+    if "step" in figures and "total_steps" in figures:
+        head += f" (step {figures['step']} of {figures['total_steps']})"
+    if (eta := progress.get("estimatedRemainingSeconds")) is not None:
+        head += f", ETA {_clock(eta)}"
+    head += f"; {source}, {progress.get('lastUpdatedTime', 'no time')}"
+    said = [f"{name} {figures[name]}" for name in ("loss", "val_loss") if name in figures]
+    if "samples_per_second" in figures:
+        said.append(f"{figures['samples_per_second']} samples/s")
+    durable = figures.get("durable_step")
+    said.append(f"newest checkpoint step {durable}" if durable else "no checkpoint yet")
+    return [head, "  " + ", ".join(said)]
 
 
 def format_status(summary: JobStatus) -> str:
@@ -147,5 +214,6 @@ def format_status(summary: JobStatus) -> str:
     for kind, flag, why in summary.conditions:
         lines.append(f"  condition {kind}={flag} {why}".rstrip())
     lines.append(f"  rank 0 pod: {summary.rank0_pod or 'not scheduled yet'}")
+    lines.extend(progress_lines(summary.progress, summary.progress_from))
     lines.extend(f"  {line}" for line in summary.failures)
     return "\n".join(lines)

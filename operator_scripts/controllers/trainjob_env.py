@@ -138,3 +138,55 @@ def plan_pods(trainjob: dict[str, Any], runtime: dict[str, Any]) -> list[PodPlan
             )
         )
     return pods
+
+
+STATUS_MOUNT = "/var/run/secrets/kubeflow/trainer"  # trainjobstatus.go:48
+STATUS_VOLUME = "kubeflow-trainer-token"  # trainjobstatus.go:51
+STATUS_TOKEN_EXPIRY_S = 3600  # trainjobstatus.go:54
+
+
+def tls_config_map(trainjob: dict[str, Any], ca_pem: str) -> dict[str, Any]:
+    """The ConfigMap `<tj>-tls-config` the plugin builds with the status server's CA
+    (trainjobstatus.go:175-211)."""
+    metadata = trainjob["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": f"{metadata['name']}-tls-config",
+            "namespace": metadata.get("namespace", "default"),
+        },
+        "data": {"ca.crt": ca_pem},
+    }
+
+
+def with_status_server(
+    template: dict[str, Any], trainjob: dict[str, Any], url: str, audience: str
+) -> dict[str, Any]:
+    """The pod template as the TrainJobStatus plugin enforces it (feature gate on,
+    trainjobstatus.go:79-173): the server's URL, CA and token files in every trainer
+    container's environment (upserted), and the projected volume of a token for the
+    TrainJob's audience and the CA, mounted read-only."""
+    template = copy.deepcopy(template)
+    env = [
+        {"name": "KUBEFLOW_TRAINER_SERVER_URL", "value": url},
+        {"name": "KUBEFLOW_TRAINER_SERVER_CA_CERT", "value": f"{STATUS_MOUNT}/ca.crt"},
+        {"name": "KUBEFLOW_TRAINER_SERVER_TOKEN", "value": f"{STATUS_MOUNT}/token"},
+    ]
+    mount = {"name": STATUS_VOLUME, "mountPath": STATUS_MOUNT, "readOnly": True}
+    for container in template["spec"]["containers"]:
+        container["env"] = upsert(container.get("env", []), env)
+        mounts = [m for m in container.get("volumeMounts", []) if m["name"] != STATUS_VOLUME]
+        container["volumeMounts"] = [*mounts, mount]
+    token = {"audience": audience, "expirationSeconds": STATUS_TOKEN_EXPIRY_S, "path": "token"}
+    config_map = {
+        "name": f"{trainjob['metadata']['name']}-tls-config",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+    volume = {
+        "name": STATUS_VOLUME,
+        "projected": {"sources": [{"serviceAccountToken": token}, {"configMap": config_map}]},
+    }
+    volumes = [v for v in template["spec"].get("volumes", []) if v["name"] != STATUS_VOLUME]
+    template["spec"]["volumes"] = [*volumes, volume]
+    return template

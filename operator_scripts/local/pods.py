@@ -14,6 +14,7 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from secrets import token_urlsafe
 from typing import Any, Protocol, TextIO
 
 import yaml
@@ -41,6 +42,8 @@ class PodRuntime(Protocol):
     # whether container paths become the pod's folders (in the environment, the arguments and
     # the ConfigMap files), because the container shares this machine's file system
     localizes_paths: bool
+    # whether it can place a control-plane server among the pods (`control_plane`)
+    hosts_control_plane: bool
 
     def address(self, index: int) -> str: ...
     def check(self, pods: list[LocalPod], hosts: HostsTable, job: JobNetwork) -> str: ...
@@ -50,6 +53,11 @@ class PodRuntime(Protocol):
     def signal(self, pod: LocalPod, sig: int) -> None: ...
     def freeze(self, pod: LocalPod) -> None: ...
     def thaw(self, pod: LocalPod) -> None: ...
+    def control_plane(self, name: str, namespace: str, labels: dict[str, str]) -> tuple[str, list[str]]:
+        """Where a server of the cluster's control plane (a pod of another namespace) listens
+        for the pods, once `check` has run: its address, and the command prefix that runs a
+        program there."""
+        ...
 
 
 class HostsTable:
@@ -145,6 +153,7 @@ class ClusterObjects:
 
     config_maps: dict[str, dict[str, Any]]
     secrets: dict[str, Path]
+    tokens: dict[str, str] = field(default_factory=dict)  # service-account tokens by audience
 
     def secret(self, name: str) -> dict[str, bytes] | None:
         folder = self.secrets.get(name)
@@ -183,6 +192,9 @@ def _mounts(
         elif "secret" in volume:
             files = _projected(volume["secret"], cluster.secret(volume["secret"]["secretName"]), "secret")
             projections.append((target, files, False, volume["secret"].get("defaultMode", 0o644)))
+        elif "projected" in volume:
+            files = _projected_sources(volume["projected"].get("sources", []), cluster)
+            projections.append((target, files, False, volume["projected"].get("defaultMode", 0o644)))
         else:
             target.chmod(0o777)
     for target, files, localized, mode in projections:
@@ -230,6 +242,24 @@ def _projected(
         elif not optional:
             raise LocalError(f"{kind} {name} references non-existent {kind[:6]} key: {item['key']}")
     return projected
+
+
+def _projected_sources(sources: list[dict[str, Any]], cluster: ClusterObjects) -> dict[str, str | bytes]:
+    """A projected volume's files: its ConfigMaps' and Secrets' as their own volumes would
+    hold them, and each service-account token at its path. The API server issues a token for
+    any audience; here the run's issuer (`ClusterObjects.tokens`) has one only for the
+    audiences it serves, and any other gets a token that nothing here accepts."""
+    files: dict[str, str | bytes] = {}
+    for source in sources:
+        if "configMap" in source:
+            contents = _config_map_contents(cluster.config_maps.get(source["configMap"]["name"]))
+            files.update(_projected(source["configMap"], contents, "configmap"))
+        elif "secret" in source:
+            files.update(_projected(source["secret"], cluster.secret(source["secret"]["name"]), "secret"))
+        elif "serviceAccountToken" in source:
+            token = source["serviceAccountToken"]
+            files[token["path"]] = cluster.tokens.get(token.get("audience", ""), token_urlsafe(32))
+    return files
 
 
 def _localize(value: str, mounts: dict[str, Path]) -> str:
@@ -307,15 +337,17 @@ def prepare(
     host_env: dict[str, str] | None = None,
     plans: list[PodPlan] | None = None,
     secrets: dict[str, Path] | None = None,
+    tokens: dict[str, str] | None = None,
 ) -> list[LocalPod]:
     """Local pods for the rendered objects (one job, its runtime and its ConfigMaps): the
     container's command and environment (with the controller's variables) as the manifest
     has them, and, for a process, as this machine runs them. `plans`: the job's pods, if
     its rules (`job_rules`) have already planned them; `secrets`: the Secrets the cluster
-    holds, by name, each a folder of its keys."""
+    holds, by name, each a folder of its keys; `tokens`: the service-account tokens the
+    run's servers accept, by audience."""
     inherited = _host_env(host_env)
     config_maps = {item["metadata"]["name"]: item for item in objects if item.get("kind") == "ConfigMap"}
-    cluster = ClusterObjects(config_maps, dict(secrets or {}))
+    cluster = ClusterObjects(config_maps, dict(secrets or {}), dict(tokens or {}))
     pods = []
     for index, plan in enumerate(rules_for(objects).plans() if plans is None else plans):
         folder = workdir / plan.name

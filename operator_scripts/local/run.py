@@ -55,6 +55,7 @@ from operator_scripts.local.node_loss import (
 )
 from operator_scripts.local.pods import HostsTable, LocalError, LocalPod, PodRuntime, prepare
 from operator_scripts.local.runtimes.process import ProcessRuntime
+from operator_scripts.local.status_server import HOST, LABELS, NAMESPACE, LocalStatusServer
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class LocalOutcome:
     kind: str = "PyTorchJob"
     jobset_restarts: int = 0  # a TrainJob's whole-job restarts
     messages: dict[str, str] = field(default_factory=dict)  # each pod's last termination message
+    trainer_status: dict[str, Any] | None = None  # a TrainJob's status.trainerStatus, as last posted
 
     def summary(self) -> str:
         """The run's last line: `job NAME: Succeeded` (a TrainJob: `Complete`) or `job NAME:
@@ -139,18 +141,30 @@ def run(
     runtime: PodRuntime | None = None,
     node_losses: list[NodeLossPlan] = (),
     node_grace_s: float = NODE_MONITOR_GRACE_S,
+    status_server: bool = True,
 ) -> LocalOutcome:
     """Run the job until its controller would call it finished, apply the clean-up it does
     then, stop whatever still runs, and report. Each of `node_losses` freezes a pod's node
     at its time (node_loss), with `node_grace_s` as the node controller's grace period;
-    `secrets` are the Secrets the cluster would hold, each a folder of its keys."""
+    `secrets` are the Secrets the cluster would hold, each a folder of its keys. A TrainJob
+    gets Trainer's status server (`status_server`; the TrainJobStatus gate on) where the
+    runtime can place it among the pods."""
     try:
         rules = rules_for(objects)
     except ValueError as error:
         raise LocalError(str(error)) from None
     workdir.mkdir(parents=True, exist_ok=True)
     runtime = runtime or ProcessRuntime()
-    pods = prepare(objects, workdir, runtime, host_env, plans=rules.plans(), secrets=secrets)
+    plans, status = rules.plans(), None
+    if status_server and rules.kind == "TrainJob" and not runtime.hosts_control_plane:
+        notify("no Trainer status server for this runtime: the TrainJob's status gets no progress")
+    elif status_server and rules.kind == "TrainJob":
+        (trainjob,) = [item for item in objects if item.get("kind") == "TrainJob"]
+        status = LocalStatusServer(trainjob, workdir / "trainer-status-server")
+        plans, objects = status.inject(plans), [*objects, *status.config_maps()]
+    pods = prepare(
+        objects, workdir, runtime, host_env, plans=plans, secrets=secrets, tokens=status and status.tokens
+    )
     start_delays = resolve_delays(rules.name, pods, delays or {})
     losses = [
         dataclasses.replace(plan, pod=resolve_pod(rules.name, pods, "--freeze-node", plan.pod, plan.at_s))
@@ -165,6 +179,10 @@ def run(
     kept: list[str] = []
     notify(runtime.check(pods, hosts, JobNetwork.of(objects)))
     try:
+        if status is not None:
+            address, prefix = runtime.control_plane("trainer-status-server", NAMESPACE, LABELS)
+            status.start(address, prefix)
+            hosts.set(HOST, address)
         if stream is not None:
             follower = threading.Thread(target=_follow, args=(rank0.log_path, stream, stop), daemon=True)
             follower.start()
@@ -218,6 +236,8 @@ def run(
             if pod.log is not None:
                 pod.log.close()
         stop.set()
+        if status is not None:
+            status.stop()
         if follower is not None:
             follower.join(timeout=5)
         runtime.release()
@@ -235,4 +255,5 @@ def run(
         kind=rules.kind,
         jobset_restarts=rules.jobset_restarts,
         messages={pod.name: pod.message for pod in pods},
+        trainer_status=status and status.applied(),
     )

@@ -203,13 +203,16 @@ class MetricsConfig:
 
     `peak_flops_per_device` overrides the device table used for MFU (needed on CPU);
     `history_file`, if set, is where rank 0 appends one JSON line per progress log, the
-    input of the run report."""
+    input of the run report. Where Kubeflow Trainer injects its status server (a TrainJob,
+    feature gate `TrainJobStatus`), rank 0 posts its progress, ETA and loss there at most
+    every `status_post_every_s` (0: never), into the TrainJob's `status.trainerStatus`."""
 
     port: Annotated[int, Field(strict=True, ge=0, le=65535)] = 9401
     address: str = "127.0.0.1"
     multiproc_dir: str = ""
     peak_flops_per_device: NonNegativeFloat = 0.0
     history_file: str = ""
+    status_post_every_s: NonNegativeFloat = 10.0
 
 
 @dataclass(config=_SECTION)

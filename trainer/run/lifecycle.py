@@ -40,6 +40,7 @@ from trainer.models import build_model
 from trainer.run.device_defaults import for_device, set_math
 from trainer.run.ownership import Ownership, lease_lost, take_location
 from trainer.run.startup import EXIT_PEER_LOST, report, say
+from trainer.telemetry.job_status import with_job_status
 from trainer.telemetry.log import setup_logging
 from trainer.telemetry.metrics import prepare_multiprocess_dir, start_metrics
 from trainer.telemetry.progress import summary_line
@@ -163,7 +164,12 @@ def _train_in_group(
     rng.seed_everything(config.seed * 65537 + context.rank + 1)  # distinct dropout per rank
     device = prepared.device
     prepare_multiprocess_dir(config.metrics, context)
-    metrics = start_metrics(config.metrics, context, run_info(config, context), device, logger)
+    metrics = with_job_status(
+        start_metrics(config.metrics, context, run_info(config, context), device, logger),
+        context.is_main,
+        config.metrics.status_post_every_s,
+        logger,
+    )
     try:
         with process_group(context, device, config.dist.timeout_s):
             # only now: a SIGTERM while the group forms (a peer that refused to start, and is

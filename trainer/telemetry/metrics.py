@@ -147,6 +147,11 @@ class PrometheusMetrics(Metrics):
             "lr": gauge("ddp_train_learning_rate", "Current learning rate."),
             "grad_norm": gauge("ddp_train_grad_norm", "Gradient norm before clipping."),
             "epoch": gauge("ddp_train_epoch", "Current epoch (1-based)."),
+            "step": gauge("ddp_train_step", "The run's optimizer steps at rank 0's last progress line."),
+            "total_steps": gauge("ddp_train_total_steps", "The run's planned optimizer steps."),
+            "eta_seconds": gauge(
+                "ddp_train_eta_seconds", "Rank 0's estimate of the time left, from the last progress line."
+            ),
             "global_batch": gauge(
                 "ddp_train_global_batch_size", "Samples per optimizer step over all ranks."
             ),

@@ -78,6 +78,7 @@ class DockerRuntime:
     and every container of the run."""
 
     localizes_paths = False
+    hosts_control_plane = False  # the internal network holds the job's containers only
 
     def __init__(self, engine: Engine, job: str, subnet: str = DEFAULT_SUBNET) -> None:
         self.engine = engine
@@ -125,6 +126,9 @@ class DockerRuntime:
 
     def address(self, index: int) -> str:
         return str(self.subnet.network_address + 2 + index)
+
+    def control_plane(self, name: str, namespace: str, labels: dict[str, str]) -> tuple[str, list[str]]:
+        raise LocalError("the pod network of --runtime docker holds the job's containers only")
 
     def check(self, pods: list[LocalPod], hosts: HostsTable, job: JobNetwork) -> str:
         """Every pod's image is in the engine (nothing is pulled: the pods have no route out),

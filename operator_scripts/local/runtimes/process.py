@@ -62,12 +62,16 @@ def claim_host_ports() -> socket.socket:
     return claim
 
 
+CONTROL_PLANE_LOOPBACK = "127.0.0.254"  # the pods take 127.0.0.2 and up
+
+
 class ProcessRuntime:
     """Each pod a process tree in namespaces of its own: as root on the job's pod network
     (`network`), else on a loopback address with one run on the host at a time
     (`claim_host_ports`)."""
 
     localizes_paths = True
+    hosts_control_plane = True
 
     def __init__(self, subnet: str = DEFAULT_POD_SUBNET, isolate: bool | None = None) -> None:
         isolate = pod_networks_available() if isolate is None else isolate
@@ -102,6 +106,14 @@ class ProcessRuntime:
         if self._claim is not None:
             self._claim.close()
             self._claim = None
+
+    def control_plane(self, name: str, namespace: str, labels: dict[str, str]) -> tuple[str, list[str]]:
+        """As root a guest on the pod network, which the job's NetworkPolicy sees as a pod of
+        `namespace` with `labels`; without root the top loopback address of this host."""
+        if self.network is None:
+            return CONTROL_PLANE_LOOPBACK, []
+        guest = self.network.guest(name, namespace, labels)
+        return guest.endpoint.address, guest.prefix
 
     def _attachment(self, pod: LocalPod) -> Attachment | None:
         return self.network.attached[pod.name] if self.network else None
