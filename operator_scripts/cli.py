@@ -270,6 +270,8 @@ def _local(args: argparse.Namespace) -> int:
     succeeded = outcome.status in ("Succeeded", "Complete")
     for line in [] if succeeded else outcome.failed_pods():  # as `kubectl describe pod` shows them
         print(line, file=sys.stderr)
+    if start := outcome.start_line():
+        print(start, file=sys.stderr)
     if outcome.kind == "TrainJob":
         source = "status.trainerStatus" if outcome.trainer_status else NO_TRAINER_STATUS
         print(*progress_lines(outcome.trainer_status, source), sep="\n", file=sys.stderr)

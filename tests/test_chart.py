@@ -641,3 +641,65 @@ def test_helm_itself_draws_one_install_id_per_render_and_asks_no_cluster_under_t
     assert re.fullmatch(
         r"[a-z][a-z0-9]{7}", annotation
     ) and f"value: ns/r-ddp-trainer/{annotation}" in yaml.safe_dump(job)
+
+
+# ----- Kueue's topology-aware scheduling ---------------------------------------------------
+
+KUEUE = "kueue.queueName=team,kueue.topology.level=cloud.example.com/topology-rack"
+
+
+@pytest.mark.parametrize(
+    ("sets", "templates", "grouped"),
+    [
+        (f"{KUEUE},gpus=16", ["Worker"], False),  # elastic: one PodSet
+        (f"{KUEUE},gpus=16,mode=fixed", ["Master", "Worker"], True),  # one domain for both
+        (f"{KUEUE},gpus=8,mode=fixed", ["Master"], False),  # a group needs two PodSets
+        (f"{KUEUE},jobKind=TrainJob,kueue.topology.mode=preferred", ["node"], False),
+    ],
+)
+def test_a_topology_level_is_requested_on_every_podset_as_kueue_reads_it(sets, templates, grouped):
+    """Kueue builds a PodSet per replica (a TrainJob's per replicated job of its runtime) and
+    reads the request from its pod template's annotations (jobframework/tas.go:62-63); it
+    admits at most one of required/preferred, a label name as the level, and groups of
+    exactly two PodSets of which one has a single pod (tas_validation.go:34-95, 214-262)."""
+    rendered = render(merge_values(sets=[sets]))
+    if "TrainJob" in sets:
+        found = {"node": node_job(rendered.one("TrainingRuntime"))["template"]["spec"]["template"]}
+        mode = "preferred"
+    else:
+        found = {
+            kind: spec["template"]
+            for kind, spec in rendered.one("PyTorchJob")["spec"]["pytorchReplicaSpecs"].items()
+        }
+        mode = "required"
+    assert sorted(found) == templates
+    for template in found.values():
+        notes = {
+            k: v for k, v in template["metadata"]["annotations"].items() if k.startswith("kueue.x-k8s.io/")
+        }
+        expected = {f"kueue.x-k8s.io/podset-{mode}-topology": "cloud.example.com/topology-rack"}
+        assert notes == expected | ({"kueue.x-k8s.io/podset-group-name": "trainer"} if grouped else {}), notes
+
+
+@pytest.mark.parametrize(
+    ("sets", "said"),
+    [
+        (
+            "kueue.topology.level=kubernetes.io/hostname",
+            "only Kueue reads it, and the job goes to no Kueue queue",
+        ),
+        ("kueue.queueName=q,kueue.topology.level=Rack_Label/x", "not a node label name, which Kueue refuses"),
+        ("kueue.queueName=q,kueue.topology.level=a/b/c", "not a node label name"),
+        (f"kueue.queueName=q,kueue.topology.level={'r' * 64}", "not a node label name"),
+    ],
+)
+def test_a_topology_level_kueue_would_refuse_is_refused_at_render_in_one_line(sets, said):
+    with pytest.raises(HelmError) as refused:
+        render(merge_values(sets=[sets]))
+    assert said in str(refused.value) and len(str(refused.value).strip().splitlines()) == 1
+
+
+def test_a_topology_mode_other_than_required_or_preferred_is_refused_by_the_schema():
+    with pytest.raises(HelmError) as refused:
+        render(merge_values(sets=[f"{KUEUE},kueue.topology.mode=unconstrained"]))
+    assert "'/kueue/topology/mode': value must be one of 'required', 'preferred'" in str(refused.value)

@@ -241,7 +241,9 @@ def outside_paths() -> dict[str, object]:
     return {path: sorted(os.listdir(path)) if os.path.isdir(path) else None for path in watched}
 
 
-def delayed_start(tmp_path, kind: str, pods: int, delay_s: float, lines: list[str]):
+def delayed_start(tmp_path, kind: str, pods: int, delay_s: float, lines: list[tuple[float, str]]):
+    """The job with its rendezvous host `delay_s` late; rank 0's lines, each with the time it
+    was streamed."""
     values = merge_values(
         files=[CPU_VALUES],
         sets=[
@@ -255,7 +257,7 @@ def delayed_start(tmp_path, kind: str, pods: int, delay_s: float, lines: list[st
         tmp_path / "pods",
         timeout=400,
         delays={host: delay_s},
-        stream=lines.append,
+        stream=lambda line: lines.append((time.time(), line)),
         host_env=process_env(),
     )
 
@@ -267,16 +269,25 @@ def test_a_slow_rendezvous_host_costs_no_restart(tmp_path, kind, pods, delay_s):
     is past torchrun's own 60 s store timeout): the others wait for its name, one line each,
     and the job succeeds with no restart and no re-created pod. Writes stay in the work
     folder. Each kind waits through the same ddp-launch path, so the TrainJob case is the
-    four-pod one, with a shorter delay: every waiting pod says so once."""
+    four-pod one, with a shorter delay: every waiting pod says so once. Rank 0's start-up
+    split (on the late host) adds up, within 5 %, to the time from its container's start,
+    as the emulated kubelet saw it, to the split's line as this test saw it streamed."""
     before = outside_paths()
-    lines: list[str] = []
-    outcome = delayed_start(tmp_path, kind, pods, delay_s, lines)
+    streamed: list[tuple[float, str]] = []
+    outcome = delayed_start(tmp_path, kind, pods, delay_s, streamed)
+    lines = [line for _, line in streamed]
     logs = {name: path.read_text() for name, path in outcome.logs.items()}
     assert outcome.status == DONE[kind], {k: v[-2000:] for k, v in logs.items()}
     assert (outcome.restarts, outcome.recreations, outcome.jobset_restarts) == (0, 0, 0)
     waiting = [name for name, text in logs.items() if text.count("waiting for the rendezvous host") == 1]
     assert waiting == [pod_name(kind, "slow-start", i) for i in range(1, pods)]
     assert any(f"world size {pods} ({pods} nodes x 1 process)" in line for line in lines)
+    created, started = outcome.starts[outcome.rank0]
+    assert outcome.rank0 == pod_name(kind, "slow-start", 0) and started - created >= delay_s
+    split = [(at, re.search(r"start-up ([\d.]+)s to the first step: (.*)", line)) for at, line in streamed]
+    ((arrived, said),) = [(at, found) for at, found in split if found]
+    assert said[2].startswith("launch and rendezvous ") and "first step " in said[2], said[0]
+    assert float(said[1]) == pytest.approx(arrived - started, rel=0.05), (said[0], arrived - started)
     checkpoints = tmp_path / "pods" / pod_name(kind, "slow-start", 0) / "volumes" / "checkpoints"
     assert (checkpoints / "slow-start" / "latest.json").is_file()
     assert outside_paths() == before

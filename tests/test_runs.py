@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import termios
+import time
 from pathlib import Path
 
 import pytest
@@ -178,21 +179,32 @@ def test_progress_lines_split_the_step_and_report_mfu_and_memory(workdir):
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # it times each rank's step split against the wall clock
+@pytest.mark.alone  # it times each rank's step split, and the start-up's, against the wall clock
 def test_a_slow_rank_is_the_straggler_and_the_split_accounts_for_the_wall_clock(workdir):
     """Rank 1 does 20 ms more work per step: every progress line names it, with a lag near
     its extra work; rank 0's wait for it is communication. The lines' step times add up to
-    the wall clock between the lines within 5 %."""
+    the wall clock between the lines within 5 %; so do the start-up's phases to the time
+    from torchrun's launch to the start-up line's arrival, as this test sees them."""
     settings = (
         "model.name=plugins:straggler_model,model.options.rank=1,model.options.delay_s=0.02,"
         "train.batch_size=8,train.max_steps=60,log.every_steps=10,log.format=json,checkpoint.every_steps=0,"
         "checkpoint.snapshot_every_steps=0,metrics.history_file=history.jsonl"
     )
-    completed = subprocess.run(
-        torchrun_command(["--set", settings]),
-        cwd=workdir, env=process_env(), capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    arrivals: list[tuple[float, str]] = []
+    with open(workdir / "stderr", "w+") as stderr:
+        launched = time.time()
+        process = subprocess.Popen(
+            torchrun_command(["--set", settings]),
+            cwd=workdir, env=process_env(), stdout=subprocess.PIPE, stderr=stderr, text=True,
+        )  # fmt: skip
+        arrivals.extend((time.time(), line) for line in process.stdout)  # each as it arrives
+        assert process.wait(timeout=240) == 0, (workdir / "stderr").read_text()[-3000:]
+    startup = [(at, json.loads(line)) for at, line in arrivals if '"event": "startup"' in line]
+    assert len(startup) == 1, arrivals[:20]
+    arrived, record = startup[0]
+    phases = ["launch_and_rendezvous", "imports", "data_and_model", "process_group", "resume", "first_step"]
+    assert all(record[phase] >= 0 for phase in phases) and record["imports"] > 0.5, record  # torch's import
+    assert sum(record[phase] for phase in phases) == pytest.approx(arrived - launched, rel=0.05), record
     records = [json.loads(line) for line in (workdir / "history.jsonl").read_text().splitlines()]
     history = [record for record in records if "event" not in record]  # progress, not validations
     assert [line["step"] for line in history] == [10, 20, 30, 40, 50, 60]

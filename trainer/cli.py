@@ -17,10 +17,12 @@ from trainer.distributed.process_group import read_env
 from trainer.run.device_defaults import for_device
 from trainer.run.lifecycle import build_and_probe, train
 from trainer.run.startup import EXIT_PEER_LOST, report, say, validate
+from trainer.telemetry.startup import STARTUP
 
 
 @record
 def main(argv: Sequence[str] | None = None) -> int:
+    STARTUP.mark("imports")
     context = read_env()
     try:
         args, config = validate(argv)

@@ -11,6 +11,15 @@ metadata:
     {{- include "ddp.podLabels" . | nindent 4 }}
   annotations:
     checksum/config: {{ include "ddp.trainerConfig" . | sha256sum }}
+    {{- with .Values.kueue.topology.level }}
+    # Kueue's TAS reads it from each PodSet's template: the replicas', or the runtime's node job's
+    kueue.x-k8s.io/podset-{{ $.Values.kueue.topology.mode }}-topology: {{ . | quote }}
+    {{- if and (not $trainJob) (eq $.Values.mode "fixed") (gt (int $t.nodes) 1) }}
+    # the Master and the Workers fitted into one domain, not each into its own (Kueue's
+    # groups are of exactly two PodSets, one of a single pod: tas_validation.go:214-262)
+    kueue.x-k8s.io/podset-group-name: trainer
+    {{- end }}
+    {{- end }}
     {{- with .Values.podAnnotations }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -279,6 +288,17 @@ variables (the chart's former accessKeyIdKey and secretAccessKeyKey), and mode=f
 namespace that enforces the restricted Pod Security Standard, which would refuse the v1
 operator's init container. */}}
 {{- define "ddp.podChecks" -}}
+{{- with .Values.kueue.topology.level -}}
+{{- if not $.Values.kueue.queueName -}}
+{{- fail (printf "kueue.topology.level=%s: only Kueue reads it, and the job goes to no Kueue queue; set kueue.queueName too" .) -}}
+{{- end -}}
+{{- /* what Kueue's webhook takes (ValidateLabelName, jobframework/tas_validation.go:62-65) */ -}}
+{{- $name := splitList "/" . | last -}}
+{{- $prefix := trimSuffix (printf "/%s" $name) . -}}
+{{- if or (gt (len (splitList "/" .)) 2) (gt (len $name) 63) (not (regexMatch "^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$" $name)) (and (ne $prefix .) (or (gt (len $prefix) 253) (not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" $prefix)))) -}}
+{{- fail (printf "kueue.topology.level=%s: not a node label name, which Kueue refuses; give your Topology's level label, e.g. kubernetes.io/hostname" .) -}}
+{{- end -}}
+{{- end -}}
 {{- $s3 := (include "ddp.checkpointValues" . | fromJson).s3 -}}
 {{- range $key := list "accessKeyIdKey" "secretAccessKeyKey" -}}
 {{- if hasKey $s3 $key -}}

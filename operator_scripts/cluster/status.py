@@ -41,6 +41,7 @@ class JobStatus:
     failures: list[str] = field(default_factory=list)  # `failure_line` of each pod that failed last
     progress: dict[str, Any] | None = None  # as status.trainerStatus holds it
     progress_from: str = "status.trainerStatus"  # where it came from, or why there is none
+    start: str | None = None  # `pod_start` of rank 0's pod
 
 
 def failure_line(pod: str, exit_code: int, message: str) -> str:
@@ -100,6 +101,7 @@ def summarize(job: dict[str, Any], pods: list[dict[str, Any]], now: datetime | N
         age_seconds=age,
         rank0_pod=rank0[0] if rank0 else None,
         failures=pod_failures(pods),
+        start=next((pod_start(p) for p in pods if p["metadata"]["name"] in rank0[:1]), None),
     )
 
 
@@ -143,6 +145,7 @@ def summarize_trainjob(
         restarts=_container_restarts(pods),
         age_seconds=_age(trainjob, now),
         rank0_pod=rank0[-1]["metadata"]["name"] if rank0 else None,
+        start=pod_start(rank0[-1]) if rank0 else None,
         kind="TrainJob",
         jobset_restarts=int(jobset_status.get("restarts", 0)),
         failures=pod_failures(pods),
@@ -171,6 +174,41 @@ def progress_from_metrics(figures: dict[str, float], now: datetime | None = None
         return None
     figures = {k: v for k, v in figures.items() if k != "durable_step" or v}  # zero: no checkpoint yet
     return trainer_status(figures, now or datetime.now(timezone.utc))["trainerStatus"]
+
+
+def _moment(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
+def pod_start(pod: dict[str, Any]) -> str | None:
+    """The start of a pod before its trainer's own split: created to scheduled (the
+    PodScheduled condition's transition), scheduled to its trainer container's start
+    (volumes, the sandbox and the image pull: containerStatuses[].state.running.startedAt);
+    None until the container runs."""
+    status = pod.get("status", {})
+    created = _moment(pod["metadata"].get("creationTimestamp"))
+    scheduled = next(
+        (
+            _moment(c.get("lastTransitionTime"))
+            for c in status.get("conditions", [])
+            if c["type"] == "PodScheduled"
+        ),
+        None,
+    )
+    started = next(
+        (
+            _moment(cs.get("state", {}).get("running", {}).get("startedAt"))
+            for cs in status.get("containerStatuses", [])
+        ),
+        None,
+    )
+    if not (created and scheduled and started):
+        return None
+    waited, pulled = (scheduled - created).total_seconds(), (started - scheduled).total_seconds()
+    return (
+        f"  start of pod {pod['metadata']['name']}: scheduled in {waited:.0f}s, its container started "
+        f"{pulled:.0f}s later (image pull, volumes); the trainer's own split is its `start-up` log line"
+    )
 
 
 def _clock(seconds: int) -> str:
@@ -214,6 +252,7 @@ def format_status(summary: JobStatus) -> str:
     for kind, flag, why in summary.conditions:
         lines.append(f"  condition {kind}={flag} {why}".rstrip())
     lines.append(f"  rank 0 pod: {summary.rank0_pod or 'not scheduled yet'}")
+    lines.extend([summary.start] if summary.start else [])
     lines.extend(progress_lines(summary.progress, summary.progress_from))
     lines.extend(f"  {line}" for line in summary.failures)
     return "\n".join(lines)

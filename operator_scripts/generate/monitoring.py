@@ -178,6 +178,15 @@ PANELS: tuple[Panel, ...] = (
         "Checkpoints given up on, and what the newest one cost.",
     ),
     Panel(
+        "Start-up to the first step, by phase",
+        ((f'max by (phase) (ddp_startup_seconds{{{JOB},rank="0"}})', "{{phase}}"),),
+        "s",
+        "Where rank 0's latest start went, from its container's start to its first step's end: "
+        "launch and rendezvous, imports, data and model, process group, resume, first step (with "
+        "train.compile, the compile). Scheduling and the image pull are in the pod's status "
+        "(ddp-ops status).",
+    ),
+    Panel(
         "Restarts",
         ((f"max(ddp_elastic_restarts{{{JOB}}})", "torchrun restarts"),),
         "short",

@@ -8,6 +8,7 @@ import contextlib
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 
 from operator_scripts.controllers.job_rules import ExitOutcome, JobRules
@@ -26,6 +27,7 @@ def start_pod(pod: LocalPod, hosts: HostsTable) -> None:
     for name in (pod.name, *pod.plan.aliases):
         hosts.set(name, pod.address)
     pod.process = pod.runtime.launch(pod, hosts, pod.log)
+    pod.started_at = time.time()  # its container's startedAt
     pod.phase, pod.restart_at = "Running", None
     pod.prober = ContainerProber.of(pod.plan.container, pod.address)
 
@@ -53,6 +55,7 @@ def recreate_pod(pod: LocalPod, start_at: float) -> None:
     new emptyDirs."""
     pod.recreations += 1
     pod.phase, pod.start_at, pod.restarts, pod.restart_at = "Pending", start_at, 0, None
+    pod.created_at, pod.started_at = time.time(), None
     for folder in pod.empty_dirs:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)

@@ -114,6 +114,8 @@ class LocalPod:
     node: NodeLoss | None = field(default=None, repr=False)  # its node, while it does not answer
     deleting: str = ""  # why the kubelet is ending the pod for its deletion (its exit re-creates it)
     message: str = ""  # its container's last termination message, as the pod's status holds it
+    created_at: float = 0.0  # wall clock: when its controller created it (the run's start, or a re-creation)
+    started_at: float | None = None  # wall clock: its container's latest start (startedAt)
 
     @property
     def name(self) -> str:

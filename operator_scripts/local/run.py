@@ -76,6 +76,21 @@ class LocalOutcome:
     jobset_restarts: int = 0  # a TrainJob's whole-job restarts
     messages: dict[str, str] = field(default_factory=dict)  # each pod's last termination message
     trainer_status: dict[str, Any] | None = None  # a TrainJob's status.trainerStatus, as last posted
+    # each pod's creation and its container's latest start, wall clock (its status's times)
+    starts: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+    rank0: str = ""  # the pod whose log it streamed
+
+    def start_line(self) -> str | None:
+        """Rank 0's pod's start before its trainer's own split (the trainer's `start-up` line):
+        created to its container's start, where a cluster schedules and pulls the image."""
+        created, started = self.starts.get(self.rank0, (0.0, None))
+        if started is None:
+            return None
+        return (
+            f"start of pod {self.rank0}: its container started {started - created:.1f}s after the pod's "
+            "creation (--delay stands for scheduling and the image pull); the trainer's split is its "
+            "start-up line"
+        )
 
     def summary(self) -> str:
         """The run's last line: `job NAME: Succeeded` (a TrainJob: `Complete`) or `job NAME:
@@ -189,6 +204,7 @@ def run(
         started = time.monotonic()
         for pod in pods:
             pod.start_at = started + start_delays.get(pod.name, 0.0)
+            pod.created_at = time.time()
         while condition.status == "Running":
             now = time.monotonic()
             if now - started > timeout:
@@ -256,4 +272,6 @@ def run(
         jobset_restarts=rules.jobset_restarts,
         messages={pod.name: pod.message for pod in pods},
         trainer_status=status and status.applied(),
+        starts={pod.name: (pod.created_at, pod.started_at) for pod in pods},
+        rank0=rank0.name,
     )

@@ -70,6 +70,7 @@ from trainer.launcher.rendezvous_host import (
 from trainer.launcher.torchrun_output import ERROR_PREFIX, fatal_line, relay, say_error
 from trainer.lines import write_line
 from trainer.run.startup import EXIT_CONFIG_ERROR, FATAL_FILE_ENV, validate
+from trainer.telemetry.startup import STARTED_AT_ENV, started_at
 from trainer.termination_message import MESSAGE_PATH_ENV, RESULT_FILE_ENV, write_termination_message
 
 EXIT_GAVE_UP = 1
@@ -293,6 +294,8 @@ def run_torchrun(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # the start of the container, near enough: where the workers' start-up split begins
+    os.environ.setdefault(STARTED_AT_ENV, f"{started_at(os.getpid()):.3f}")
     options, torchrun_args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         _, config = validate(trainer_arguments(torchrun_args))

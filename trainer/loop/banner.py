@@ -15,6 +15,7 @@ from trainer.distributed.process_group import DistContext
 from trainer.loop.optim import BatchMath
 from trainer.telemetry.log import event, plural
 from trainer.telemetry.metrics import Metrics
+from trainer.telemetry.startup import STARTUP, describe
 
 
 @dataclass(frozen=True)
@@ -135,3 +136,14 @@ def announce_start(
             "epoch_restarted_after": facts.epoch_restarted_after,
         }
     )
+
+
+def announce_startup(log: logging.Logger, metrics: Metrics, restart_count: int, compiled: bool) -> None:
+    """After the first step: where the start-up's time went, in rank 0's line (`startup`)
+    and every rank's `ddp_startup_seconds{phase}`."""
+    STARTUP.mark("first step")
+    STARTUP.reported = True
+    parts = STARTUP.parts(restart_count)
+    metrics.startup(parts)
+    seconds = {phase.replace(" ", "_"): round(spent, 3) for phase, spent in parts}
+    event(log, "startup", describe(parts, compiled), **seconds, total_seconds=round(sum(seconds.values()), 3))

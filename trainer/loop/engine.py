@@ -27,7 +27,7 @@ from trainer.data.identity import DataIdentity
 from trainer.distributed import heartbeat as phases
 from trainer.distributed.heartbeat import Heartbeat
 from trainer.distributed.process_group import DistContext, broadcast_flag, broadcast_object
-from trainer.loop.banner import RunFacts, announce_start
+from trainer.loop.banner import RunFacts, announce_start, announce_startup
 from trainer.loop.checkpoint_policy import CheckpointPolicy
 from trainer.loop.compiled_run import CompiledRun
 from trainer.loop.ddp import wrap
@@ -47,6 +47,7 @@ from trainer.telemetry.progress import (
     progress_bar,
     summary_line,
 )
+from trainer.telemetry.startup import STARTUP
 from trainer.telemetry.timing import CHECKPOINT, DATA, LOGGING, clock_for, lap_when_backward_ends, lapped
 
 
@@ -149,6 +150,7 @@ class Trainer:
         with self.heartbeat.phase(phases.RESUME):
             self._restore()
             self.heartbeat.resumed_at(self.progress.step)
+        STARTUP.mark("resume")
         self._plan()
         self.checkpoints.start()
         self.compiled.compile(self.module)  # the forward, in place: DDP wraps the compiled module
@@ -253,6 +255,8 @@ class Trainer:
             self.clock.end_step()
             progress.step += 1
             self.heartbeat.beat(progress.step)
+            if not STARTUP.reported:  # the first step's end: where the start-up's time went
+                announce_startup(self.log, self.metrics, self.context.restart_count, self.compiled.on)
             progress.epoch_position += samples_per_step
             progress.samples += samples_per_step
             self.lr = self.schedule.apply(self.optimizer, progress.samples)

@@ -24,7 +24,7 @@ from trainer.config.plugin_errors import PluginIOError
 from trainer.data import DataSplits, build_data
 from trainer.data.identity import DataIdentity, identify
 from trainer.distributed.flight_recorder import start_dumps
-from trainer.distributed.heartbeat import Heartbeat, heartbeat_dir
+from trainer.distributed.heartbeat import FINISH, Heartbeat, heartbeat_dir
 from trainer.distributed.leaving import mark_left
 from trainer.distributed.node_watch import start_node_watch
 from trainer.distributed.process_group import DistContext, peer_lost, process_group, select_device
@@ -40,10 +40,11 @@ from trainer.models import build_model
 from trainer.run.device_defaults import for_device, set_math
 from trainer.run.ownership import Ownership, lease_lost, take_location
 from trainer.run.startup import EXIT_PEER_LOST, report, say
-from trainer.telemetry.job_status import with_job_status
+from trainer.telemetry.job_status import CLOSE_WAIT_S, with_job_status
 from trainer.telemetry.log import setup_logging
 from trainer.telemetry.metrics import prepare_multiprocess_dir, start_metrics
 from trainer.telemetry.progress import summary_line
+from trainer.telemetry.startup import STARTUP
 from trainer.termination_message import conclude
 
 
@@ -145,6 +146,7 @@ def _train(
         prepared = prepare(config, context, stop, device)
     except ConfigError as error:
         return report(error, context)
+    STARTUP.mark("data and model")
     try:
         return _train_in_group(config, context, logger, writer, heartbeat, stop, prepared)
     finally:
@@ -172,6 +174,7 @@ def _train_in_group(
     )
     try:
         with process_group(context, device, config.dist.timeout_s):
+            STARTUP.mark("process group")
             # only now: a SIGTERM while the group forms (a peer that refused to start, and is
             # gone) must end this process at once, and the default action does so where a
             # Python handler would wait for TCPStore's connect loop in C++ to give up
@@ -220,7 +223,8 @@ def _train_in_group(
         mark_left(f"rank {context.rank} lost a peer")
         return EXIT_PEER_LOST
     finally:
-        metrics.close()
+        with heartbeat.phase(FINISH, limit_s=CLOSE_WAIT_S + 5):  # the last status post, at most
+            metrics.close()
     return 0
 
 

@@ -37,6 +37,7 @@ CA_ENV = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
 TOKEN_ENV = "KUBEFLOW_TRAINER_SERVER_TOKEN"
 TIMEOUT_S = 5.0  # the server's own read and write timeouts are 10 s (statusserver/server.go:45-46)
 FAILURES_TO_STOP = 3
+CLOSE_WAIT_S = 2.0  # how long the run's end waits for its last post
 
 
 class StatusServer:
@@ -100,10 +101,11 @@ class JobStatusPost(Metrics):
             self._update({"durable_step": stats.last_success_step})
 
     def close(self) -> None:
-        """The newest figures go out in a last post, waited for at most one post's timeout."""
+        """The newest figures go out in a last post, waited for `CLOSE_WAIT_S` at most: a
+        server that answers does so in milliseconds, and one that does not holds no exit."""
         self.closing.set()
         self.changed.set()
-        self.thread.join(self.server.timeout_s + 1)
+        self.thread.join(CLOSE_WAIT_S)
 
     def _update(self, figures: dict[str, float]) -> None:
         with self.lock:
@@ -165,6 +167,10 @@ class Fanout(Metrics):
     def validation(self, loss: float, accuracy: float) -> None:
         for recorder in self.recorders:
             recorder.validation(loss, accuracy)
+
+    def startup(self, parts: list[tuple[str, float]]) -> None:
+        for recorder in self.recorders:
+            recorder.startup(parts)
 
     def checkpoints(self, stats: CheckpointStats, step: int) -> None:
         for recorder in self.recorders:

@@ -101,6 +101,9 @@ class Metrics:
     def checkpoints(self, stats: CheckpointStats, step: int) -> None:
         """This node's checkpoint writer figures (durable ones on rank 0 only) at `step`."""
 
+    def startup(self, parts: list[tuple[str, float]]) -> None:
+        """Where this process's start went, phase by phase (`trainer.telemetry.startup`)."""
+
     def flush(self) -> None:
         """Push buffered step figures to the shared files."""
 
@@ -225,6 +228,12 @@ class PrometheusMetrics(Metrics):
                 "Time saves waited for the writer to take the state before.",
             ),
         }
+        self.startup_seconds = gauge(
+            "ddp_startup_seconds",
+            "Seconds of each phase of this rank's start, from the container's to the first step's end.",
+            ("phase",),
+        )
+        self._labels = labels
         self.durable_lag = gauge(
             "ddp_checkpoint_durable_lag_steps", "Steps trained since the newest step the store holds."
         )
@@ -266,6 +275,10 @@ class PrometheusMetrics(Metrics):
             if value is not None:
                 self.gauges[name].set(value)
         self.flush()
+
+    def startup(self, parts: list[tuple[str, float]]) -> None:
+        for phase, seconds in parts:
+            self.startup_seconds.labels(**self._labels, phase=phase).set(seconds)
 
     def validation(self, loss: float, accuracy: float) -> None:
         self.gauges["val_loss"].set(loss)
