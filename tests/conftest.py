@@ -150,13 +150,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest tests first (a raised timeout, then the multi-process `slow` ones), in
-    collection order otherwise: on xdist the one-process tests then fill the last minutes,
-    where a multi-process test handed out late would run on alone with the other cores idle."""
+    """The longest tests first, by their durations on record (tests/durations.json), else a
+    raised timeout, then the multi-process `slow` ones, in collection order otherwise: on
+    xdist the one-process tests then fill the last minutes, where a multi-process test
+    handed out late would run on alone with the other cores idle."""
+    record_file = Path(__file__).with_name("durations.json")
+    recorded = json.loads(record_file.read_text()) if record_file.is_file() else {}
 
-    def expected_length(item: pytest.Item) -> tuple[float, bool]:
+    def expected_length(item: pytest.Item) -> tuple[bool, float]:
         raised = item.get_closest_marker("timeout")
-        return -(raised.args[0] if raised else 0), item.get_closest_marker("slow") is None
+        guess = raised.args[0] if raised else 30.0  # a new multi-process test: a middling one
+        slow = item.get_closest_marker("slow") is not None
+        return not slow, -recorded.get(item.nodeid, guess if slow else 0.0)
 
     items.sort(key=expected_length)
 
@@ -244,9 +249,14 @@ def assert_lost_within(held: dict[str, int], survivor: str, resumed: int, told: 
 
 def process_env(extra: dict[str, str] | None = None, *, audit: bool = False) -> dict[str, str]:
     """The environment for a trainer process: our package and the test plug-ins importable,
-    and no GPU: these are the CPU (gloo) tests on any host; the `gpu` tests pass their own."""
+    and no GPU: these are the CPU (gloo) tests on any host; the `gpu` tests pass their own.
+    No fork server (trainer/launcher/forkserver.py), which tests/test_forkserver.py and the
+    image's e2e test run: its 2.5 CPU-seconds of imports per torchrun, at the lowest priority,
+    outlive most of the suite's short runs unused, and on the suite's two busy cores took
+    about a tenth of the fault tests' CPU time (114 CPU-s against 103 for four of them)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
     env["CUDA_VISIBLE_DEVICES"] = ""
+    env["TRAINER_FORK_SERVER"] = "0"
     paths = [str(REPO), str(HELPERS)] + ([str(AUDIT)] if audit else [])
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["OMP_NUM_THREADS"] = "1"

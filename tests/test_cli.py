@@ -311,7 +311,9 @@ def test_status_and_logs_of_a_trainjob_against_hand_built_responses(capsys, monk
     assert "container restarts 2, JobSet restarts 1" in out and "job node: active 2, failed 0" in out
     assert "condition JobSet StartupPolicyCompleted=True InOrderStartupPolicyCompleted" in out
     assert "rank 0 pod: ddp-run-ddp-trainer-node-0-0-x7k2p" in out
-    start = "  start of pod ddp-run-ddp-trainer-node-0-0-x7k2p: scheduled in 4s, its container started 47s later"
+    start = (
+        "  start of pod ddp-run-ddp-trainer-node-0-0-x7k2p: scheduled in 4s, its container started 47s later"
+    )
     assert start in out
     assert "  progress: 45% (step 270 of 600), ETA 1h00m; status.trainerStatus, 2026-11-29T10:05:00Z" in out
     assert "  loss 0.2347, 812.4 samples/s, newest checkpoint step 250" in out

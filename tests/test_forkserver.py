@@ -29,6 +29,7 @@ RUN = (
     f"checkpoint.every_steps=1000,checkpoint.snapshot_every_steps={SNAPSHOT_EVERY},log.every_steps=1,log.format=json,"
     "metrics.port=0"
 )
+FORKING = {"TRAINER_FORK_SERVER": "1"}  # the suite runs without one (conftest.process_env)
 
 
 def arguments(uri: str, snapshots: Path) -> list[str]:
@@ -66,7 +67,9 @@ def test_the_client_a_worker_runs_imports_no_torch():
         "import sys, trainer.launcher.fork_client; "
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'numpy'))))"
     )
-    loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=process_env())
+    loaded = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, env=process_env(FORKING)
+    )
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert loaded.stdout.strip() == "[]", loaded.stdout[:500]
 
@@ -85,7 +88,7 @@ def test_restarted_workers_are_forked_and_a_killed_forked_worker_restarts_the_gr
     args = arguments("faulted", workdir / "s")
     agent = subprocess.Popen(
         torchrun_command(args, launcher=("--standalone", "--max-restarts=2")),
-        cwd=workdir, env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=workdir, env=process_env(FORKING), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     rounds: list[list[int]] = []  # the forked workers' pids, per restarted round
     kills: list[int] = []
@@ -135,7 +138,7 @@ def test_torchruns_sigterm_reaches_forked_workers_which_stop_together_and_save(w
     args = arguments("stopped", workdir / "s")
     agent = subprocess.Popen(
         torchrun_command(args, launcher=("--standalone", "--max-restarts=1")),
-        cwd=workdir, env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=workdir, env=process_env(FORKING), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     phase: list[str] = []
 
@@ -167,7 +170,7 @@ def test_torchruns_sigterm_reaches_forked_workers_which_stop_together_and_save(w
 def worker_env(**extra: str) -> dict[str, str]:
     """torchrun's variables for a world of one whose agent is this test process."""
     return process_env({
-        "TORCHELASTIC_RUN_ID": "forkserver-test", "TORCHELASTIC_MAX_RESTARTS": "1",
+        **FORKING, "TORCHELASTIC_RUN_ID": "forkserver-test", "TORCHELASTIC_MAX_RESTARTS": "1",
         "TORCHELASTIC_RESTART_COUNT": "1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
         "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **extra,

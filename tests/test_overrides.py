@@ -76,3 +76,17 @@ def test_same_result_as_helms_own_parser(expression):
 
 def test_an_empty_list_is_empty_unlike_helm():
     assert parse_set("x={}") == {"x": []}  # Helm gives [""]; an empty list is what users mean
+
+
+def test_the_environments_overrides_come_last_so_a_kubeflow_sdk_job_can_set_the_config(monkeypatch):
+    """TRAINER_SET: what a TrainJob made with the SDK's CustomTrainerContainer (env only) can
+    change of the runtime's config; after the command line's, so it wins."""
+    from trainer.config import load_config
+    from trainer.run.arguments import parse_args
+
+    monkeypatch.setenv("TRAINER_SET", "checkpoint.uri=s3://b/sdk-run-7,train.epochs=2")
+    args = parse_args(["--set", "train.epochs=5,train.max_steps=9"])
+    config = load_config(args.config, args.overrides)
+    assert (config.checkpoint.uri, config.train.epochs, config.train.max_steps) == ("s3://b/sdk-run-7", 2, 9)
+    monkeypatch.setenv("TRAINER_SET", " ")
+    assert parse_args([]).overrides == []

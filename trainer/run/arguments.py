@@ -4,10 +4,15 @@ arguments after `-m trainer` in torchrun's) to check the config before torchrun 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 
 from trainer.config import bundled_config_names
 from trainer.config.argparsing import OneLineParser
+
+# more `--set` overrides, applied after the command line's: where only the environment can be
+# given (a TrainJob made with the Kubeflow SDK, whose CustomTrainerContainer takes env only)
+OVERRIDES_ENV = "TRAINER_SET"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -27,7 +32,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a key in Helm's --set syntax (a.b=c, x={1,2}); repeatable",
+        help=f"override a key in Helm's --set syntax (a.b=c, x={{1,2}}); repeatable; ${OVERRIDES_ENV} "
+        "adds more, applied last",
     )
     parser.add_argument("--print-config", action="store_true", help="print the effective config and exit")
     parser.add_argument(
@@ -36,4 +42,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="check the config, plug-ins, device, the data with a batch through the model, and that "
         "checkpoint.uri is writable, then exit",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if extra := os.environ.get(OVERRIDES_ENV, "").strip():
+        args.overrides.append(extra)
+    return args
