@@ -230,7 +230,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _local(args: argparse.Namespace) -> int:
-    from operator_scripts.cluster.status import NO_TRAINER_STATUS, progress_lines
+    from operator_scripts.cluster.status import progress_lines, trainer_status_source
     from operator_scripts.local.pods import LocalError
     from operator_scripts.local.run import run
     from operator_scripts.local.runtimes.process import ProcessRuntime
@@ -273,7 +273,7 @@ def _local(args: argparse.Namespace) -> int:
     if start := outcome.start_line():
         print(start, file=sys.stderr)
     if outcome.kind == "TrainJob":
-        source = "status.trainerStatus" if outcome.trainer_status else NO_TRAINER_STATUS
+        source = trainer_status_source(outcome.trainer_status)
         print(*progress_lines(outcome.trainer_status, source), sep="\n", file=sys.stderr)
     print(outcome.summary(), flush=True)
     return 0 if succeeded else 1

@@ -64,10 +64,14 @@ def pod_failures(pods: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _moment(text: str | None) -> datetime | None:
+    """An API timestamp (RFC 3339, `Z` for UTC)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
 def _age(item: dict[str, Any], now: datetime | None) -> float | None:
-    created = item["metadata"].get("creationTimestamp")
-    now = now or datetime.now(timezone.utc)
-    return (now - datetime.fromisoformat(created.replace("Z", "+00:00"))).total_seconds() if created else None
+    created = _moment(item["metadata"].get("creationTimestamp"))
+    return ((now or datetime.now(timezone.utc)) - created).total_seconds() if created else None
 
 
 def _container_restarts(pods: list[dict[str, Any]]) -> int:
@@ -150,8 +154,13 @@ def summarize_trainjob(
         jobset_restarts=int(jobset_status.get("restarts", 0)),
         failures=pod_failures(pods),
         progress=trainer_said,
-        progress_from="status.trainerStatus" if trainer_said else NO_TRAINER_STATUS,
+        progress_from=trainer_status_source(trainer_said),
     )
+
+
+def trainer_status_source(trainer_said: dict[str, Any] | None) -> str:
+    """Where a TrainJob's progress lines come from, or why there are none."""
+    return "status.trainerStatus" if trainer_said else NO_TRAINER_STATUS
 
 
 def rank0_figures(text: str) -> dict[str, float]:
@@ -174,10 +183,6 @@ def progress_from_metrics(figures: dict[str, float], now: datetime | None = None
         return None
     figures = {k: v for k, v in figures.items() if k != "durable_step" or v}  # zero: no checkpoint yet
     return trainer_status(figures, now or datetime.now(timezone.utc))["trainerStatus"]
-
-
-def _moment(text: str | None) -> datetime | None:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
 
 
 def pod_start(pod: dict[str, Any]) -> str | None:

@@ -145,16 +145,19 @@ STATUS_VOLUME = "kubeflow-trainer-token"  # trainjobstatus.go:51
 STATUS_TOKEN_EXPIRY_S = 3600  # trainjobstatus.go:54
 
 
+def tls_config_map_name(trainjob: dict[str, Any]) -> str:
+    """`<tj>-tls-config` (trainjobstatus.go:147, 177)."""
+    return f"{trainjob['metadata']['name']}-tls-config"
+
+
 def tls_config_map(trainjob: dict[str, Any], ca_pem: str) -> dict[str, Any]:
-    """The ConfigMap `<tj>-tls-config` the plugin builds with the status server's CA
-    (trainjobstatus.go:175-211)."""
-    metadata = trainjob["metadata"]
+    """The ConfigMap the plugin builds with the status server's CA (trainjobstatus.go:175-211)."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": f"{metadata['name']}-tls-config",
-            "namespace": metadata.get("namespace", "default"),
+            "name": tls_config_map_name(trainjob),
+            "namespace": trainjob["metadata"].get("namespace", "default"),
         },
         "data": {"ca.crt": ca_pem},
     }
@@ -180,7 +183,7 @@ def with_status_server(
         container["volumeMounts"] = [*mounts, mount]
     token = {"audience": audience, "expirationSeconds": STATUS_TOKEN_EXPIRY_S, "path": "token"}
     config_map = {
-        "name": f"{trainjob['metadata']['name']}-tls-config",
+        "name": tls_config_map_name(trainjob),
         "items": [{"key": "ca.crt", "path": "ca.crt"}],
     }
     volume = {

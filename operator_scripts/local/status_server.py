@@ -38,6 +38,7 @@ from typing import Any
 from operator_scripts.controllers import trainjob_env
 from operator_scripts.controllers.pytorchjob_env import PodPlan
 from operator_scripts.local.pods import LocalError
+from trainer.telemetry.trainer_status import INT32_MAX
 
 SERVICE = "kubeflow-trainer-controller-manager"  # config defaults.go:56, in kubeflow-system
 NAMESPACE = "kubeflow-system"
@@ -50,7 +51,6 @@ LABELS = {  # the controller's pods (manifests/base/manager/manager.yaml)
 }
 ROUTE = re.compile(r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/([^/]+)/trainjobs/([^/]+)/status$")
 MAX_BODY = 1 << 16  # server.go:50
-INT32_MAX = 2**31 - 1
 
 
 def audience(namespace: str, name: str) -> str:

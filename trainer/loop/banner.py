@@ -142,7 +142,6 @@ def announce_startup(log: logging.Logger, metrics: Metrics, restart_count: int, 
     """After the first step: where the start-up's time went, in rank 0's line (`startup`)
     and every rank's `ddp_startup_seconds{phase}`."""
     STARTUP.mark("first step")
-    STARTUP.reported = True
     parts = STARTUP.parts(restart_count)
     metrics.startup(parts)
     seconds = {phase.replace(" ", "_"): round(spent, 3) for phase, spent in parts}

@@ -57,12 +57,17 @@ def origin(restart_count: int) -> float:
 
 
 class StartupSplit:
-    """The marks of one process's start; `mark` is cheap, `parts` reads them."""
+    """The marks of one process's start; `mark` is cheap, `parts` reads them. The process's
+    own start is read there too, not at import: a worker forked by the fork server imported
+    this module in the server, long before it was started."""
 
     def __init__(self) -> None:
-        self.process_started = started_at(os.getpid())
         self.marks: dict[str, float] = {}
-        self.reported = False
+
+    @property
+    def reported(self) -> bool:
+        """Whether the first step has ended (and the split was said)."""
+        return "first step" in self.marks
 
     def mark(self, phase: str) -> None:
         """`phase` ends now; the first mark of a name holds."""
@@ -71,7 +76,7 @@ class StartupSplit:
     def parts(self, restart_count: int) -> list[tuple[str, float]]:
         """(phase, seconds) for each phase marked, in order; a phase not marked (a run that
         restores nothing marks `resume` all the same) is folded into the next."""
-        edges = [("launch and rendezvous", self.process_started)]
+        edges = [("launch and rendezvous", started_at(os.getpid()))]
         edges += [(phase, self.marks[phase]) for phase in PHASES[1:] if phase in self.marks]
         began = origin(restart_count)
         parts = []
