@@ -61,16 +61,23 @@ class Bench:
 
 
 def run(
-    workdir: Path, uri: Path, cache: Path, overrides: str, steps: int, config: str, log_every: int = 0
+    workdir: Path,
+    uri: Path,
+    cache: Path,
+    overrides: str,
+    steps: int,
+    config: str,
+    log_every: int = 0,
+    nproc: int = 2,
 ) -> tuple[float, list[dict]]:
-    """One trainer run in `workdir`: its wall time in seconds and rank 0's JSON records (a
-    progress line every `log_every` steps, or at the end)."""
+    """One trainer run of `nproc` processes in `workdir`: its wall time in seconds and rank
+    0's JSON records (a progress line every `log_every` steps, or at the end)."""
     settings = (
         f"train.max_steps={steps},log.every_steps={log_every or steps},log.format=json,metrics.port=0,"
         f"checkpoint.uri={uri},checkpoint.snapshot_every_steps=0,{overrides}"
     )
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
         "-m", "trainer", "--config", config, "--set", settings,
     ]  # fmt: skip
     env = {

@@ -102,7 +102,7 @@ class Setup:
         settings = f"{self.model},{COMMON},{overrides}"
         cache, steps = self.workdir / "inductor", steps or self.steps
         return run_trainer(
-            self.workdir, self.workdir / name, cache, settings, steps, "tokens", self.log_every
+            self.workdir, self.workdir / name, cache, settings, steps, "tokens", self.log_every, nproc=1
         )
 
 
@@ -146,7 +146,8 @@ def mfu_line(records: list[dict]) -> tuple[float | None, str]:
     start = first_record(records, "start")
     tokens = steady_rate(records) * start["tokens_per_sample"]
     shown = "n/a (no peak known for this device)" if mfu is None else f"{mfu:.1%}"
-    return mfu, f"{tokens:,.0f} tokens/s, MFU {shown}, {start['backend']}, amp {start['amp']}"
+    where = f"{start['backend']} at world size {start['world_size']}"  # 1: the lent machine has one GPU
+    return mfu, f"{tokens:,.0f} tokens/s, MFU {shown}, {where}, amp {start['amp']}"
 
 
 def check(report: Report, setup: Setup, budget_s: float) -> None:

@@ -140,6 +140,8 @@ def test_the_device_check_runs_every_step_of_its_cpu_path_and_writes_its_report(
     assert report.startswith("device check: the CPU path; torch "), report
     for step in ("eager", "compiled", "split", "bare", "stall", "resume"):
         assert re.search(rf"^ok   {step}: ", report, re.MULTILINE), report
+    # one process, as on the lent machine's one GPU (a second would ask for cuda:1)
+    assert "gloo at world size 1" in report, report
     assert "resume: from step 10, final state bit-identical" in report and "FAIL" not in report
 
 
