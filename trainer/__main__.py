@@ -4,11 +4,13 @@ and as itself otherwise."""
 
 import sys
 
+from trainer.collection import uncollected_imports
 from trainer.launcher.fork_client import forked_run
 
 code = forked_run(sys.argv)
 if code is None:
-    from trainer.cli import main
+    with uncollected_imports():
+        from trainer.cli import main
 
     code = main()
 raise SystemExit(code)

@@ -43,6 +43,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.collection import uncollected_imports
 from trainer.launcher.fork_protocol import HEADER, POLL_S, STDIO, alive
 
 # not inductor's compiler (0.6 s of CPU more): at the lowest priority beside a training run,
@@ -97,8 +98,9 @@ def preload(agent_pid: int) -> bool:
 
     def imports() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IMPORT_NICENESS)
-        for module in PRELOAD:
-            __import__(module)
+        with uncollected_imports():
+            for module in PRELOAD:
+                __import__(module)
 
     lower_session_priority(IMPORT_NICENESS)  # the children start sessions of their own
     importer = threading.Thread(target=imports, daemon=True)
