@@ -106,6 +106,57 @@ def start_rank(folder: Path, rank: int, behaviour: str) -> subprocess.Popen:
     return process
 
 
+PID_REUSED = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    from pathlib import Path
+    from trainer.config import WatchdogConfig
+    from trainer.distributed.heartbeat import Heartbeat, rank_alive, read_records, signal_rank
+    from trainer.distributed.watchdog import Watchdog
+
+    folder = Path(sys.argv[1])
+    rank = os.fork()
+    if rank == 0:
+        heartbeat = Heartbeat(folder, 1, WatchdogConfig(timeout_s=0.1))
+        heartbeat.beat(1)
+        heartbeat.beat(2)
+        os._exit(0)  # gone without saying so, as a SIGKILLed rank goes
+    os.waitpid(rank, 0)
+    time.sleep(0.05)  # a start is counted in clock ticks of 10 ms: the next one starts later
+    Path("/proc/sys/kernel/ns_last_pid").write_text(str(rank - 1))  # the next fork gets its pid
+    stranger = os.fork()
+    if stranger == 0:
+        time.sleep(60)
+        os._exit(0)
+    time.sleep(0.3)  # the dead rank's step is overdue
+    (record,) = read_records(folder)
+    removed = Watchdog(folder, "node-a", wait_limit_s=60).check()
+    signalled = signal_rank(record, signal.SIGKILL)
+    print(json.dumps({
+        "same_pid": record.pid == stranger, "alive": rank_alive(record), "removed": len(removed),
+        "signalled": signalled, "stranger_runs": os.waitpid(stranger, os.WNOHANG) == (0, 0),
+    }))
+    os.kill(stranger, signal.SIGKILL)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a pid namespace whose next pid it sets")
+def test_a_dead_ranks_pid_taken_by_another_process_is_never_signalled(tmp_path):
+    """A rank that died leaves its record, and its pid soon goes to another process (pid_max
+    is 32768 here, and a busy node goes through it in minutes: the suite's unrelated ranks
+    were SIGKILLed so once). In a pid namespace of its own the test hands the dead rank's
+    pid to a new process on purpose: the watchdog does not judge it, nothing signals it."""
+    command = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", PID_REUSED, str(tmp_path)]
+    done = subprocess.run(command, env=process_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["same_pid"], seen  # the pid was handed on, as it is on a busy node
+    assert seen == {"same_pid": True, "alive": False, "removed": 0, "signalled": False, "stranger_runs": True}
+    assert "made no progress" not in done.stderr, done.stderr
+
+
 def test_a_stopped_rank_is_named_with_its_stack_and_killed(tmp_path, capsys):
     rank = start_rank(tmp_path, 1, "spin")
     try:

@@ -3,9 +3,12 @@
 A rank that stops making progress (a process stopped or paged out, a deadlock, a stuck
 kernel, a storage stall) crashes nothing: its peers wait in the next collective and
 torchrun, which only polls for exits, sees healthy workers. So every rank keeps one
-64-byte record in a node-local file, mapped into memory: the phase it is in (start-up,
+72-byte record in a node-local file, mapped into memory: the phase it is in (start-up,
 resume, the first step's compile, step, validation, checkpoint, test, finish), since when,
-its last step, and how long that phase may take. The watchdog (`trainer.distributed.watchdog`, a separate
+its last step, how long that phase may take, and which process it is (its pid and when
+that process started: a rank that died leaves its pid behind, and with Linux's default
+pid_max of 32768 a busy node hands that number to another process within minutes, which a
+watcher must not signal). The watchdog (`trainer.distributed.watchdog`, a separate
 process) reads the records and acts on one that overruns.
 
 A phase's limit is derived from what was observed: `multiple` times the longest recent
@@ -16,6 +19,7 @@ the mapped page, about a microsecond.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import mmap
 import os
@@ -36,9 +40,11 @@ if TYPE_CHECKING:  # the watchdog process reads records without the config's imp
 PHASES = ("start-up", "resume", "step", "validation", "checkpoint", "test", "finish", "done", "compile")
 STARTUP, RESUME, STEP, VALIDATION, CHECKPOINT, TEST, FINISH, DONE, COMPILE = PHASES
 # pid, rank, step, phase, since (CLOCK_MONOTONIC, the same in every process of a host),
-# limit in seconds, the main thread's id (to find its stack in a dump), a write counter
-_LAYOUT = struct.Struct("<qqqqddQq")
-RECORD_BYTES = 64
+# limit in seconds, the main thread's id (to find its stack in a dump), a write counter,
+# and the process's start in clock ticks after boot (/proc/PID/stat's 22nd field; 0 where
+# there is no /proc)
+_LAYOUT = struct.Struct("<qqqqddQqq")
+RECORD_BYTES = _LAYOUT.size
 STACK_SIGNAL = signal.SIGUSR1  # asks a rank for its Python stacks (faulthandler, in C)
 # set by `ddp-launch` so that it can read the records of every generation of workers
 HEARTBEAT_DIR_ENV = "TRAINER_HEARTBEAT_DIR"
@@ -56,6 +62,7 @@ class Record:
     since: float
     limit_s: float
     main_thread: int
+    started: int  # the process's start (`process_start`), which tells it from a later one with its pid
 
     def silent_s(self, now: float) -> float:
         return now - self.since
@@ -88,10 +95,58 @@ def read_records(folder: Path) -> list[Record]:
             continue
         if len(first) < _LAYOUT.size or first != second:
             continue
-        pid, rank, step, phase, since, limit, thread, _ = _LAYOUT.unpack(first)
+        pid, rank, step, phase, since, limit, thread, _, started = _LAYOUT.unpack(first)
         if 0 <= phase < len(PHASES):
-            records.append(Record(pid, rank, step, PHASES[phase], since, limit, thread))
+            records.append(Record(pid, rank, step, PHASES[phase], since, limit, thread, started))
     return records
+
+
+def process_start(pid: int) -> int:
+    """When process `pid` started, in clock ticks after boot; 0 where /proc cannot say (no
+    such process, or no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    # the command name (field 2) is in parentheses and may hold spaces and parentheses
+    return int(stat.rpartition(")")[2].split()[19])
+
+
+def signal_rank(record: Record, signum: int) -> bool:
+    """Send `signum` to the rank's process if it is still the one that wrote `record`;
+    False if it is gone. A pidfd pins the process while its start is compared, so that a
+    pid handed to another process meanwhile is never signalled."""
+    if not hasattr(os, "pidfd_open"):  # not Linux: no /proc either, so the pid alone
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(record.pid, signum)
+            return True
+        return False
+    try:
+        pidfd = os.pidfd_open(record.pid)
+    except ProcessLookupError:
+        return False
+    try:
+        if process_start(record.pid) != record.started:
+            return False  # the pid is another process's now
+        signal.pidfd_send_signal(pidfd, signum)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(pidfd)
+
+
+def rank_alive(record: Record) -> bool:
+    """Whether the process that wrote `record` is still running (not merely its pid)."""
+    if record.started:
+        return process_start(record.pid) == record.started
+    try:  # no /proc: the pid alone
+        os.kill(record.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 class PhaseLimits:
@@ -141,6 +196,7 @@ class Heartbeat:
         self._stacks = open(stack_file(folder, rank), "a")  # noqa: SIM115 - faulthandler keeps it
         faulthandler.register(STACK_SIGNAL, file=self._stacks, all_threads=True, chain=False)
         self._ids = (os.getpid(), rank)
+        self._started = process_start(os.getpid())
         self._main = threading.main_thread().ident or 0
         self._writes = 0
         self.step, self.phase_name, self.since = 0, STARTUP, time.monotonic()
@@ -150,7 +206,7 @@ class Heartbeat:
     def _write(self, limit: float) -> None:
         self._writes += 1
         phase = PHASES.index(self.phase_name)
-        fields = (*self._ids, self.step, phase, self.since, limit, self._main, self._writes)
+        fields = (*self._ids, self.step, phase, self.since, limit, self._main, self._writes, self._started)
         _LAYOUT.pack_into(self._map, 0, *fields)
 
     def beat(self, step: int) -> None:

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 
 from trainer.config import WatchdogConfig
 from trainer.distributed.elastic_bounds import describe, node_bounds
-from trainer.distributed.heartbeat import DONE, Heartbeat, read_records
+from trainer.distributed.heartbeat import DONE, Heartbeat, read_records, signal_rank
 from trainer.distributed.leaving import mark_left
 
 if TYPE_CHECKING:  # torch is imported where a watch starts: ddp-launch reads STORE_LOST_FILE_ENV torch-free
@@ -217,8 +217,7 @@ def leave_group(heartbeat: Heartbeat) -> None:
     me = os.getpid()
     for record in read_records(heartbeat.folder):
         if record.pid != me:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(record.pid, signal.SIGKILL)
+            signal_rank(record, signal.SIGKILL)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import re
 import shutil
 import signal
@@ -42,7 +41,14 @@ from pathlib import Path
 import psutil
 
 from trainer.distributed.flight_recorder import DUMP_WAIT_S, answered, recording, request_dumps
-from trainer.distributed.heartbeat import STACK_SIGNAL, Record, read_records, stack_file
+from trainer.distributed.heartbeat import (
+    STACK_SIGNAL,
+    Record,
+    rank_alive,
+    read_records,
+    signal_rank,
+    stack_file,
+)
 from trainer.lines import write_line
 
 STACK_WAIT_S = 0.5
@@ -120,11 +126,12 @@ class Watchdog:
         for record in read_records(self.folder):
             if record.pid in self.removed or not record.overdue(now):
                 continue
+            if not rank_alive(record):
+                continue  # it exited (its pid may be another process's now): torchrun's business
             try:
-                process = psutil.Process(record.pid)
-                stopped = process.status() == psutil.STATUS_STOPPED
+                stopped = psutil.Process(record.pid).status() == psutil.STATUS_STOPPED
             except psutil.NoSuchProcess:
-                continue  # it exited: torchrun's business
+                continue
             verdict = Verdict("stopped", []) if stopped else self.judge(record, now)
             states[str(record.rank)] = verdict.state
             if verdict.blamed or record.silent_s(now) > self.wait_limit_s:
@@ -156,10 +163,9 @@ class Watchdog:
         path = stack_file(self.folder, record.rank)
         try:
             path.write_bytes(b"")
-            os.kill(record.pid, STACK_SIGNAL)
-            if resume:
-                os.kill(record.pid, signal.SIGCONT)
         except OSError:
+            return []
+        if not signal_rank(record, STACK_SIGNAL) or (resume and not signal_rank(record, signal.SIGCONT)):
             return []
         deadline = time.monotonic() + STACK_WAIT_S
         while time.monotonic() < deadline:
@@ -189,9 +195,7 @@ class Watchdog:
         self.say(message, record, verdict.state, silent, frames)
         self.collect_dumps()
         for sig in (signal.SIGCONT, signal.SIGKILL):
-            try:
-                os.kill(record.pid, sig)
-            except ProcessLookupError:
+            if not signal_rank(record, sig):
                 break
         self.removed.add(record.pid)
 
@@ -253,7 +257,7 @@ def pod_health(base: Path, now: float | None = None) -> tuple[bool, str]:
         fresh = now - float(verdicts.get("at", -1e9)) < VERDICTS_FRESH_S
         states = verdicts.get("states", {}) if fresh else {}
         for record in read_records(folder):
-            if record.silent_s(now) <= LIVENESS_LIMITS * record.limit_s or not psutil.pid_exists(record.pid):
+            if record.silent_s(now) <= LIVENESS_LIMITS * record.limit_s or not rank_alive(record):
                 continue
             if record.phase == "done" or states.get(str(record.rank)) == "waiting":
                 continue
