@@ -32,6 +32,17 @@ def run_benchmark(module: str, *args: str, timeout: float = 300) -> str:
 
 
 @pytest.mark.slow
+def test_startup_benchmark_runs_the_trainer_both_ways_and_prints_the_ratios():
+    out = run_benchmark("startup", "--rounds", "1", "--steps", "3")
+    figure = r"\d+\.\d\d"
+    for way in ("shipped", "collecting"):
+        line = rf"^ *{way}: {figure} CPU-s, {figure} s wall \(median of 1\)$"
+        assert re.search(line, out, re.MULTILINE), out
+    ratios = rf"startup: shipped/collecting CPU {figure} \(median of 1 rounds\), wall {figure}"
+    assert re.fullmatch(ratios, out.strip().splitlines()[-1]), out
+
+
+@pytest.mark.slow
 def test_checkpoint_benchmark_prints_both_ratios():
     """Each round saves synchronously and in the background, each inside its compute loop:
     both stalls are measured, positive (the save call itself blocks), and so is their ratio."""
