@@ -101,7 +101,7 @@ def signal_rank(agent: subprocess.Popen, rank: int, sig: int) -> bool:
     for child in psutil.Process(agent.pid).children(recursive=True):
         try:
             if child.environ().get("RANK") == str(rank) and "trainer" in child.cmdline():
-                os.kill(child.pid, sig)
+                child.send_signal(sig)  # psutil checks that the pid is still this child's
                 return True
         except psutil.NoSuchProcess:
             continue
@@ -158,7 +158,7 @@ def process_trial(
         agent.wait(timeout=300)
     finally:
         if agent.poll() is None:
-            signal_tree(agent.pid)
+            signal_tree(agent)
     identical = agent.returncode == 0 and same_state(final_state(uri), reference)
     resumed = timeline.resumed
     expected_hangs = 1 if fault == "stop" else 0

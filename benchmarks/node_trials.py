@@ -65,10 +65,10 @@ class NodeProcess:
 
     def freeze(self) -> None:
         """Every process of the node stopped at once, as a frozen kernel or a paused VM."""
-        signal_tree(self.process.pid, signal.SIGSTOP)
+        signal_tree(self.process, signal.SIGSTOP)
 
     def thaw(self) -> None:
-        signal_tree(self.process.pid, signal.SIGCONT)
+        signal_tree(self.process, signal.SIGCONT)
 
 
 @dataclass
@@ -179,7 +179,7 @@ class TwoNodes:
         for node in self.nodes:
             if node.process.poll() is None:
                 node.thaw()
-                signal_tree(node.process.pid)
+                signal_tree(node.process)
                 node.process.wait(timeout=30)
 
 

@@ -206,7 +206,7 @@ def writer_stop_trial(workdir: Path, target: S3Target, *, floor_s: float = 30.0)
             reader.join(timeout=30)
         finally:
             if job.poll() is None:
-                signal_tree(job.pid)
+                signal_tree(job)
             if stopped and psutil.pid_exists(stopped[0][2].pid):
                 os.kill(stopped[0][2].pid, signal.SIGKILL)
     at, step, writer = stopped[0] if stopped else (None, None, None)
@@ -288,7 +288,7 @@ def zombie_trial(workdir: Path, target: S3Target) -> ZombieTrial:
                 time.sleep(0.05)
             if not (held and held[0].arrived.is_set()):
                 raise RuntimeError("job A never wrote latest.json again:\n" + lines.text()[-3000:])
-            signal_tree(job_a.pid, signal.SIGSTOP)  # A's node pauses, its request in the network
+            signal_tree(job_a, signal.SIGSTOP)  # A's node pauses, its request in the network
             time.sleep(7)  # A's lease (2 s, stale after 3 intervals) goes stale
             b_env = {**target.env, "TRAINER_JOB_ID": "job-b"}
             job_b = trainer(f"{common},train.epochs=8,checkpoint.snapshot_dir={b_dir / 'shm'}", b_dir, b_env)
@@ -296,13 +296,13 @@ def zombie_trial(workdir: Path, target: S3Target) -> ZombieTrial:
             after_b = target.listing("run")
             held[0].release()  # A's write of latest.json arrives, late
             held[0].answered.wait(30)
-            signal_tree(job_a.pid, signal.SIGCONT)
+            signal_tree(job_a, signal.SIGCONT)
             job_a.wait(timeout=240)
             reader.join(timeout=30)
         finally:
             if job_a.poll() is None:
-                signal_tree(job_a.pid, signal.SIGCONT)
-                signal_tree(job_a.pid)
+                signal_tree(job_a, signal.SIGCONT)
+                signal_tree(job_a)
     b_records = [json.loads(line) for line in b_out.splitlines() if line.startswith("{")]
     b_summary = [r for r in b_records if r.get("event") == "summary"]
     latest = target.latest("run") or {}

@@ -115,7 +115,7 @@ def test_restarted_workers_are_forked_and_a_killed_forked_worker_restarts_the_gr
     try:
         _, stderr = json_records(agent, act)
     finally:
-        signal_tree(agent.pid)
+        signal_tree(agent)
     assert agent.returncode == 0, stderr[-3000:]
     assert len(kills) == 2, f"the server never listened in time, or the run ended first: {kills}"
     assert len(rounds) == 2 and all(len(pids) == 2 for pids in rounds), rounds
@@ -156,7 +156,7 @@ def test_torchruns_sigterm_reaches_forked_workers_which_stop_together_and_save(w
     try:
         seen, _ = json_records(agent, act)
     finally:
-        signal_tree(agent.pid)
+        signal_tree(agent)
     assert phase == ["killed", "forked", "signalled"], phase
     (stop,) = [record for record in seen if record["event"] == "stopped"]
     step = stop["step"]

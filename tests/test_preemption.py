@@ -38,7 +38,7 @@ def _no_run_left_behind():
     while STARTED:
         agent = STARTED.pop()
         if agent.poll() is None:
-            signal_tree(agent.pid)
+            signal_tree(agent)
             agent.wait()
 
 

@@ -43,7 +43,7 @@ def test_with_every_snapshot_gone_the_store_is_used_and_the_loss_is_unknown(work
             if "checkpoint step 20 ->" in line:
                 break
     finally:
-        signal_tree(agent.pid)
+        signal_tree(agent)
         agent.wait()
     assert any(snapshots.rglob("step-*")), "no snapshot was written"
     shutil.rmtree(snapshots)
@@ -90,7 +90,7 @@ def test_a_damaged_snapshot_on_one_node_is_skipped_for_the_other_nodes(workdir):
         assert time.monotonic() < deadline and all(node.poll() is None for node in first), "no snapshots"
         time.sleep(0.05)
     for node in first:
-        signal_tree(node.pid)
+        signal_tree(node)
         node.communicate()
     newest_a, *older_a = reversed(snapshot_steps(shm_a, complete=True))
     damaged = next(shm_a.rglob(f"step-{newest_a}")) / "checkpoint.pt"

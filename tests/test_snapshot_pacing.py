@@ -122,7 +122,7 @@ def test_auto_snapshots_start_at_20_stay_5_apart_and_both_nodes_switch_together(
         finally:
             for agent in agents:
                 if agent.poll() is None:
-                    signal_tree(agent.pid)
+                    signal_tree(agent)
     for agent, (_, stderr) in zip(agents, outputs, strict=True):
         assert agent.returncode == 0, stderr[-3000:]
     log = "".join(stdout for stdout, _ in outputs)
@@ -168,11 +168,11 @@ def test_a_snapshot_taken_at_two_ranks_resumes_a_run_at_one(workdir):
         while agent.poll() is None and held < 20:
             held = max(snapshot_steps(shm), default=0)
             time.sleep(0.005)
-        signal_tree(agent.pid)
+        signal_tree(agent)
         agent.wait()
     finally:
         if agent.poll() is None:
-            signal_tree(agent.pid)
+            signal_tree(agent)
     held = max(snapshot_steps(shm))  # the newest, as killed
     resumed = run_torchrun(["--config", "digits", "--set", overrides], workdir, nproc=1)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

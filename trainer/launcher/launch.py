@@ -274,14 +274,14 @@ def run_torchrun(
             if line := waiting.look(has_children(process.pid), time.monotonic()):
                 _say(line)
             if fatal_file.exists() and not stopping:
-                signal_tree(process.pid)
+                signal_tree(process)
                 process.wait()
                 relaying.join(timeout=5)
                 if not said:  # another rank was first, and rank 0 was stopped before its line
                     say_error(fatal_file)
                 return EXIT_CONFIG_ERROR
             if files.store_lost.exists() and not stopping:
-                signal_tree(process.pid)
+                signal_tree(process)
                 return container_exit_code(process.wait())
             time.sleep(POLL_S)
     finally:

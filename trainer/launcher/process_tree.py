@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import psutil
@@ -20,11 +21,16 @@ def container_exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def signal_tree(pid: int, sig: int = signal.SIGKILL) -> None:
-    """Signal a process and all its descendants: torchrun starts its workers in sessions of
-    their own, so signalling its process group alone would orphan them."""
+def signal_tree(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Signal a child process and all its descendants: torchrun starts its workers in
+    sessions of their own, so signalling its process group alone would orphan them. A child
+    already reaped is left alone: its pid may be another process's by now (pid_max is 32768
+    by default, and a busy host goes through it in minutes; docs/facts.md, "A pod's
+    processes"), whose tree would be signalled instead. One not yet reaped keeps its pid."""
+    if process.poll() is not None:
+        return
     try:
-        tree = [psutil.Process(pid)]
+        tree = [psutil.Process(process.pid)]
         tree += tree[0].children(recursive=True)
     except psutil.NoSuchProcess:
         return

@@ -145,13 +145,13 @@ class ProcessRuntime:
         )
 
     def signal(self, pod: LocalPod, sig: int) -> None:
-        signal_tree(pod.process.pid, sig)
+        signal_tree(pod.process, sig)
 
     def freeze(self, pod: LocalPod) -> None:
-        signal_tree(pod.process.pid, signal.SIGSTOP)
+        signal_tree(pod.process, signal.SIGSTOP)
 
     def thaw(self, pod: LocalPod) -> None:
-        signal_tree(pod.process.pid, signal.SIGCONT)
+        signal_tree(pod.process, signal.SIGCONT)
 
 
 def check_reachable_endpoints(pods: list[LocalPod], gateway: str) -> None:
