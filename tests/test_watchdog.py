@@ -24,7 +24,14 @@ from benchmarks.trial_record import final_state, same_state
 from operator_scripts.reports.flight_recorder import main as flight_recorder
 from trainer.config import WatchdogConfig
 from trainer.distributed.heartbeat import CHECKPOINT, STEP, VALIDATION, Heartbeat, PhaseLimits, read_records
-from trainer.distributed.watchdog import OWN_FREEZE_S, REJUDGE_S, RESTART_QUIET_S, VERDICTS_FILE, Watchdog
+from trainer.distributed.watchdog import (
+    MUTE_S,
+    OWN_FREEZE_S,
+    REJUDGE_S,
+    RESTART_QUIET_S,
+    VERDICTS_FILE,
+    Watchdog,
+)
 
 # ------------------------------------------------------------------ limits and records
 
@@ -75,7 +82,7 @@ def test_a_phase_inside_another_gives_it_back_its_limit(tmp_path):
 
 RANK_PROCESS = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
     from pathlib import Path
     from trainer.config import WatchdogConfig
     from trainer.distributed.heartbeat import Heartbeat
@@ -90,7 +97,11 @@ RANK_PROCESS = textwrap.dedent(
     heartbeat.beat(1)
     heartbeat.beat(2)  # step 2 seen, so its limit is the fixed 0.5 s
     print("ready", flush=True)
-    {"wait": wait_for_peers, "hang": deadlock, "spin": lambda: time.sleep(600)}[sys.argv[3]]()
+    def mute():  # what a rank in uninterruptible sleep shows: it answers no signal it can catch
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        time.sleep(600)
+
+    {"wait": wait_for_peers, "hang": deadlock, "spin": lambda: time.sleep(600), "mute": mute}[sys.argv[3]]()
     """
 )
 
@@ -173,6 +184,26 @@ def test_a_stopped_rank_is_named_with_its_stack_and_killed(tmp_path, capsys):
     assert "rank 1 on node-a made no progress for" in line
     assert "in step after step 2 (limit 0.5s); its process is stopped" in line
     assert any('File "<string>"' in frame for frame in stack), stack  # answered once let run
+
+
+def test_a_rank_that_answers_no_stack_request_is_asked_again_and_blamed_only_after_mute_s(tmp_path, capsys):
+    """A rank starved of CPU writes its stack late: one unanswered request blames no one
+    (beside the busy suite a waiting rank was killed so); a rank that answers none for
+    MUTE_S, as one in uninterruptible sleep, is named and killed."""
+    rank = start_rank(tmp_path, 1, "mute")
+    try:
+        time.sleep(0.6)
+        watchdog = Watchdog(tmp_path, "node-a", wait_limit_s=60)
+        now = time.monotonic()
+        assert watchdog.check(now) == [] and watchdog.check(now + MUTE_S - 1) == []
+        assert json.loads((tmp_path / VERDICTS_FILE).read_text())["states"] == {"1": "unanswered"}
+        assert rank.poll() is None
+        (removed,) = watchdog.check(now + MUTE_S)
+        assert removed.rank == 1 and rank.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        rank.kill()
+    line = capsys.readouterr().err.splitlines()[0]
+    assert f"it has answered no request for its stack for {MUTE_S:.0f}s" in line, line
 
 
 def test_a_watchdog_that_was_frozen_with_its_node_blames_no_rank_when_thawed(tmp_path, capsys):

@@ -7,7 +7,9 @@ A rank past its phase's limit is judged:
 - otherwise its Python stacks are asked for (SIGUSR1: faulthandler writes them from C,
   so a main thread blocked in native code still answers). A main thread inside a
   collective (torch.distributed, the DDP backward's all-reduce, `wait_for_peers`) is
-  waiting for a peer: not blamed. Any other is the hung one.
+  waiting for a peer: not blamed. Any other is the hung one. One that writes no stack is
+  asked again at each look and blamed once it has answered none for `MUTE_S` (a process
+  starved of CPU answers late; one in uninterruptible sleep never does).
 - a rank that has waited longer than `wait_limit_s` (the config's `first_s`) is removed
   too: the peer it waits for is on another node whose watchdog did not act (a frozen pod,
   which the kubelet's liveness probe restarts). Shorter waits are a peer's slow phase
@@ -52,6 +54,10 @@ from trainer.distributed.heartbeat import (
 from trainer.lines import write_line
 
 STACK_WAIT_S = 0.5
+# a rank that writes no stack within STACK_WAIT_S is asked again at each look, and blamed
+# only once it has answered none for this long: one starved of CPU on a busy node answers
+# late (seen beside the test suite), one in uninterruptible sleep never does
+MUTE_S = 5.0
 VERDICTS_FILE = "verdicts.json"
 VERDICTS_FRESH_S = 10.0  # a watchdog that wrote none for this long is not answering
 LIVENESS_LIMITS = 2.0  # a pod is unhealthy once a rank is silent this many limits
@@ -69,12 +75,12 @@ WAITING_PATHS = ("/torch/distributed/", "/torch/nn/parallel/distributed.py")
 class Verdict:
     """What the watchdog made of an overdue rank."""
 
-    state: str  # "stopped", "waiting" or "hung"
+    state: str  # "stopped", "waiting", "hung", "mute" (no stack for MUTE_S) or "unanswered" (yet)
     stack: list[str]
 
     @property
     def blamed(self) -> bool:
-        return self.state != "waiting"
+        return self.state not in ("waiting", "unanswered")
 
 
 def main_thread_stack(dump: str, thread: int) -> list[str]:
@@ -107,6 +113,7 @@ class Watchdog:
         self.removed: set[int] = set()  # pids already killed
         self.quiet_until = 0.0
         self.waiting: dict[int, tuple[Record, float]] = {}  # pid: the record judged waiting, when
+        self.unanswered: dict[int, float] = {}  # pid: when it first left a request for its stack unanswered
         self.last_look: float | None = None
 
     def check(self, now: float | None = None) -> list[Record]:
@@ -150,6 +157,10 @@ class Watchdog:
         if judged is not None and judged[0] == record and now - judged[1] < REJUDGE_S:
             return Verdict("waiting", [])
         frames = self.stack(record)
+        if not frames:
+            first = self.unanswered.setdefault(record.pid, now)
+            return Verdict("mute" if now - first >= MUTE_S else "unanswered", [])
+        self.unanswered.pop(record.pid, None)
         verdict = Verdict("waiting" if is_waiting(frames) else "hung", frames)
         if verdict.state == "waiting":
             self.waiting[record.pid] = (record, now)
@@ -184,6 +195,8 @@ class Watchdog:
         why = {
             "stopped": "its process is stopped (SIGSTOP, or a debugger)",
             "hung": "its main thread is not waiting for a peer",
+            "mute": f"it has answered no request for its stack for {MUTE_S:.0f}s (uninterruptible sleep?)",
+            "unanswered": f"it has been silent over {self.wait_limit_s:.0f}s and answers no stack request",
             "waiting": f"it has waited for a peer on another node over {self.wait_limit_s:.0f}s",
         }[verdict.state]
         silent = record.silent_s(now)
