@@ -116,7 +116,9 @@ class TwoNodes:
         equals this run's bit for bit where every sample of every epoch was trained exactly
         once, at the same world sizes, and nothing else differed (it needs a schedule that
         `max_steps` does not change: `optim.schedule=constant`)."""
-        settings = f"{self.overrides(workdir, 'r')}{self.extra}{self.replay_extra}"
+        # the harness's reference, with no fault in it: no watchdog, whose limits on a busy
+        # host could only fire falsely (and end the reference instead of a fault's run)
+        settings = f"{self.overrides(workdir, 'r')}{self.extra}{self.replay_extra},watchdog.enabled=false"
         for world, stop in replay_segments(rounds(self)):
             command = [
                 sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
@@ -125,7 +127,10 @@ class TwoNodes:
             ]  # fmt: skip
             done = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
             if done.returncode != 0:
-                raise RuntimeError(f"the replay's round at world size {world} failed:\n{done.stderr[-3000:]}")
+                lines = done.stderr.splitlines()
+                said = [line for line in lines if "watchdog" in line or "trainer: error" in line][:5]
+                failed = f"the replay's round at world size {world} failed"
+                raise RuntimeError("\n".join([f"{failed}:", *said, done.stderr[-2000:]]))
         return workdir / "checkpoints"
 
     def start(self, env: dict[str, str]) -> None:
