@@ -116,9 +116,7 @@ class TwoNodes:
         equals this run's bit for bit where every sample of every epoch was trained exactly
         once, at the same world sizes, and nothing else differed (it needs a schedule that
         `max_steps` does not change: `optim.schedule=constant`)."""
-        # the harness's reference, with no fault in it: no watchdog, whose limits on a busy
-        # host could only fire falsely (and end the reference instead of a fault's run)
-        settings = f"{self.overrides(workdir, 'r')}{self.extra}{self.replay_extra},watchdog.enabled=false"
+        settings = f"{self.overrides(workdir, 'r')}{self.extra}{self.replay_extra}"
         for world, stop in replay_segments(rounds(self)):
             command = [
                 sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
