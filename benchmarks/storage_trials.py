@@ -17,6 +17,7 @@ harness's own clock at a line's arrival, every state the store's own objects.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -207,8 +208,9 @@ def writer_stop_trial(workdir: Path, target: S3Target, *, floor_s: float = 30.0)
         finally:
             if job.poll() is None:
                 signal_tree(job)
-            if stopped and psutil.pid_exists(stopped[0][2].pid):
-                os.kill(stopped[0][2].pid, signal.SIGKILL)
+            if stopped:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    stopped[0][2].kill()  # psutil checks that the pid is still the writer's
     at, step, writer = stopped[0] if stopped else (None, None, None)
     later = [t for t, r in lines.events("progress") if step is not None and r["step"] >= step + 40]
     named = lines.events("writer_stuck")

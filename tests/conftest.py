@@ -12,7 +12,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -371,7 +370,7 @@ def kill_rank_when(agent: subprocess.Popen, rank: int, ready) -> int:
             for child in psutil.Process(agent.pid).children(recursive=True):
                 try:
                     if child.environ().get("RANK") == str(rank):
-                        os.kill(child.pid, signal.SIGKILL)
+                        child.kill()  # psutil checks that the pid is still this child's
                         return child.pid
                 except psutil.NoSuchProcess:
                     continue
