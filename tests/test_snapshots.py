@@ -4,6 +4,7 @@ parent, and a snapshot directory too small for two."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -73,6 +74,15 @@ def test_the_shared_copy_carries_every_dtype_and_shape_and_is_its_own_storage(tm
     assert grown.path != shared.path and Path(grown.path).exists()
     buffer.close()
     assert not Path(grown.path).exists()
+
+
+def test_an_empty_tensor_beside_another_dtype_saves_from_the_shared_copy(tmp_path):
+    """PowerSGD's error feedback is empty until it starts, and its generator keys follow."""
+    buffer = SharedStateBuffer(tmp_path)
+    read = SharedStateReader().open(buffer.fill({"errors": torch.zeros(1, 0), "keys": torch.arange(624)}))
+    torch.save(read, io.BytesIO())  # refused when the empty view shared the keys' address
+    assert read["errors"].shape == (1, 0) and torch.equal(read["keys"], torch.arange(624))
+    buffer.close()
 
 
 def snapshot_work(folder: Path, events: list) -> SaveWork:

@@ -170,14 +170,19 @@ def remove_orphans(folder: Path) -> None:
 
 
 def map_slots(path: str, size: int, slots: tuple[TensorSlot, ...]) -> list[torch.Tensor]:
-    """Each slot of the shared file as a tensor over its own bytes (shared, not copied)."""
+    """Each slot of the shared file as a tensor over its own bytes (shared, not copied). An
+    empty tensor gets no bytes at all: a view at its offset would start where the next
+    tensor does, and `torch.save` refuses two tensors of different dtypes at one address
+    (PowerSGD's error feedback is empty until it starts, beside int64 generator keys)."""
     whole = np.memmap(path, dtype=np.uint8, mode="r+", shape=(size,))
-    return [
-        torch.from_numpy(whole[slot.offset : slot.offset + slot.nbytes])
-        .view(getattr(torch, slot.dtype))
-        .view(slot.shape)
-        for slot in slots
-    ]
+    return [_slot_tensor(whole, slot) for slot in slots]
+
+
+def _slot_tensor(whole: np.ndarray, slot: TensorSlot) -> torch.Tensor:
+    dtype = getattr(torch, slot.dtype)
+    if slot.nbytes == 0:
+        return torch.empty(slot.shape, dtype=dtype)
+    return torch.from_numpy(whole[slot.offset : slot.offset + slot.nbytes]).view(dtype).view(slot.shape)
 
 
 class SharedStateReader:
