@@ -42,7 +42,7 @@ from trainer.run.ownership import Ownership, lease_lost, take_location
 from trainer.run.startup import EXIT_PEER_LOST, report, say
 from trainer.telemetry.job_status import CLOSE_WAIT_S, with_job_status
 from trainer.telemetry.log import setup_logging
-from trainer.telemetry.metrics import prepare_multiprocess_dir, start_metrics
+from trainer.telemetry.metrics import Metrics, prepare_multiprocess_dir, start_metrics
 from trainer.telemetry.progress import summary_line
 from trainer.telemetry.startup import STARTUP
 from trainer.termination_message import conclude
@@ -183,32 +183,7 @@ def _train_in_group(
             store = prepared.ownership.checkpointer.store
             dumps = start_dumps(heartbeat.folder, context, store, logger)
             try:
-                trainer = Trainer(
-                    config,
-                    context,
-                    device,
-                    prepared.splits,
-                    prepared.data,
-                    prepared.module,
-                    prepared.ownership.checkpointer,
-                    logger,
-                    metrics,
-                    stop,
-                    heartbeat,
-                    prepared.ownership.lineage,
-                    writer,
-                )
-                summary = trainer.run()
-                if context.is_main:
-                    conclude(summary_line(summary))
-            except ConfigError as error:
-                return report(error, context)
-            except Stopped as stopped:  # every rank stopped together: leave together
-                if stopped.signum == LEASE_LOST:
-                    return report(lease_lost(config, stop, trainer.progress.step), context)
-                return stopped.exit_code
-            except NotDurable as unsaved:
-                return unsaved.exit_code
+                return _run_loop(config, context, logger, writer, heartbeat, stop, prepared, metrics)
             finally:
                 for watcher in (node_watch, dumps):
                     if watcher is not None:
@@ -225,6 +200,51 @@ def _train_in_group(
     finally:
         with heartbeat.phase(FINISH, limit_s=CLOSE_WAIT_S + 5):  # the last status post, at most
             metrics.close()
+    return 0
+
+
+def _run_loop(
+    config: Config,
+    context: DistContext,
+    logger: logging.Logger,
+    writer: WriterHandle | None,
+    heartbeat: Heartbeat,
+    stop: StopSignal,
+    prepared: Prepared,
+    metrics: Metrics,
+) -> int:
+    """The loop and its exit code, in a frame of its own: when it returns, nothing holds the
+    DDP model, and the process group's teardown frees its reducer while the group is still
+    registered. Freed after `destroy_process_group` instead (a caller's local), the reducer
+    held the group's last reference, and its destructor joined gloo's threads on the main
+    thread, holding the GIL that a gloo thread dropping a tensor waited for: a deadlock."""
+    trainer = Trainer(
+        config,
+        context,
+        prepared.device,
+        prepared.splits,
+        prepared.data,
+        prepared.module,
+        prepared.ownership.checkpointer,
+        logger,
+        metrics,
+        stop,
+        heartbeat,
+        prepared.ownership.lineage,
+        writer,
+    )
+    try:
+        summary = trainer.run()
+    except ConfigError as error:
+        return report(error, context)
+    except Stopped as stopped:  # every rank stopped together: leave together
+        if stopped.signum == LEASE_LOST:
+            return report(lease_lost(config, stop, trainer.progress.step), context)
+        return stopped.exit_code
+    except NotDurable as unsaved:
+        return unsaved.exit_code
+    if context.is_main:
+        conclude(summary_line(summary))
     return 0
 
 
