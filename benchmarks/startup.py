@@ -1,5 +1,6 @@
-"""What a worker's start costs in CPU time, with the collector off during its imports (as
-shipped, `trainer/collection.py`) and on (as Python leaves it), side by side.
+"""What a worker's start costs in CPU time, with the collector off during its imports and
+what they made frozen after (as shipped, `trainer/collection.py`) and collecting as Python
+does by default, side by side.
 
     python -m benchmarks.startup [--rounds 5] [--steps 20]
 

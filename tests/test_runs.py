@@ -88,6 +88,45 @@ def test_python_m_trainer_runs_as_a_world_of_one(workdir):
     assert load_checkpoint(workdir / "checkpoints" / "digits-cnn")["progress"]["step"] == 12
 
 
+# `python -m trainer`, with DDP's end and the process group's destruction written down in order
+TEARDOWN_ORDER = """
+import runpy, sys, weakref
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+events = []
+init, destroy = DistributedDataParallel.__init__, dist.destroy_process_group
+def tracked(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    weakref.finalize(self, events.append, "ddp freed")
+def destroying(*args, **kwargs):
+    events.append("group destroyed")
+    destroy(*args, **kwargs)
+DistributedDataParallel.__init__, dist.destroy_process_group = tracked, destroying
+sys.argv[0] = "trainer"
+try:
+    runpy.run_module("trainer", run_name="__main__", alter_sys=True)
+finally:
+    print("teardown:", ", ".join(events), file=sys.stderr)
+"""
+
+
+def test_the_loops_ddp_model_is_freed_before_its_process_group_is_destroyed(workdir):
+    """Freed after, DDP's reducer held the group's last reference and its destructor joined
+    gloo's threads on the main thread, which deadlocked when one of them needed the GIL
+    (py-spy on hung ranks; docs/performance.md, "Start-up")."""
+    args = [*QUICK, "--set", "train.max_steps=4,checkpoint.every_steps=0,checkpoint.snapshot_every_steps=0"]
+    completed = subprocess.run(
+        [sys.executable, "-c", TEARDOWN_ORDER, *args],
+        cwd=workdir,
+        env=process_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "teardown: ddp freed, group destroyed" in completed.stderr, completed.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_progress_bar_only_on_a_terminal(workdir):
     args = [sys.executable, "-m", "trainer", *QUICK, "--set", "train.max_steps=8"]
