@@ -80,12 +80,17 @@ def test_two_rank_demo_run(workdir, tmp_path):
     assert json.loads((checkpoints / "lease.json").read_text())["released_at"]
 
 
-def test_python_m_trainer_runs_as_a_world_of_one(workdir):
-    completed = run_trainer([*QUICK, "--set", "train.max_steps=12"], workdir)
+def test_python_m_trainer_runs_as_a_world_of_one_and_leaves_no_heartbeat_folder(workdir):
+    temporary = workdir / "tmp"
+    temporary.mkdir()
+    completed = run_trainer(
+        [*QUICK, "--set", "train.max_steps=12"], workdir, env=process_env({"TMPDIR": str(temporary)})
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "world size 1 (1 node x 1 process)" in completed.stdout
     assert "32 per rank x 1 rank x 1 accumulation = 32" in completed.stdout
     assert load_checkpoint(workdir / "checkpoints" / "digits-cnn")["progress"]["step"] == 12
+    assert not list(temporary.glob("ddp-heartbeat-*"))  # no node watchdog removes it for a world of one
 
 
 # `python -m trainer`, with DDP's end and the process group's destruction written down in order

@@ -23,6 +23,7 @@ import contextlib
 import faulthandler
 import mmap
 import os
+import shutil
 import signal
 import struct
 import tempfile
@@ -76,6 +77,14 @@ def heartbeat_dir(run_id: str, restart_count: int, node_rank: int) -> Path:
     one): its watchdog reads this node's records only, even where two nodes share a host."""
     base = os.environ.get(HEARTBEAT_DIR_ENV) or str(Path(tempfile.gettempdir()) / f"ddp-heartbeat-{run_id}")
     return Path(base) / f"restart-{restart_count}-node-{node_rank}"
+
+
+def remove_generation(folder: Path) -> None:
+    """A generation's records gone with it, and the run's folder once no generation is left:
+    the node's watchdog does this at its end, and a world of one, which has none, itself."""
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        folder.parent.rmdir()
 
 
 def stack_file(folder: Path, rank: int) -> Path:

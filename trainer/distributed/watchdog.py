@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import json
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -48,6 +47,7 @@ from trainer.distributed.heartbeat import (
     Record,
     rank_alive,
     read_records,
+    remove_generation,
     signal_rank,
     stack_file,
 )
@@ -320,9 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdin.buffer.read()  # until the parent exits
     running.clear()
     watcher.join()
-    shutil.rmtree(args.folder, ignore_errors=True)  # this generation's records
-    with contextlib.suppress(OSError):
-        args.folder.parent.rmdir()  # the run's, once no generation is left
+    remove_generation(args.folder)
     return 0
 
 

@@ -24,7 +24,7 @@ from trainer.config.plugin_errors import PluginIOError
 from trainer.data import DataSplits, build_data
 from trainer.data.identity import DataIdentity, identify
 from trainer.distributed.flight_recorder import start_dumps
-from trainer.distributed.heartbeat import FINISH, Heartbeat, heartbeat_dir
+from trainer.distributed.heartbeat import FINISH, Heartbeat, heartbeat_dir, remove_generation
 from trainer.distributed.leaving import mark_left
 from trainer.distributed.node_watch import start_node_watch
 from trainer.distributed.process_group import DistContext, peer_lost, process_group, select_device
@@ -77,6 +77,8 @@ def train(config: Config, context: DistContext) -> int:
         raise
     finally:
         heartbeat.close()
+        if not context.launched_by_torchrun:  # no node watchdog to clear up after it
+            remove_generation(folder)
         for child in (writer, watchdog):
             if child is not None:
                 child.stdin.close()  # a no-op for a writer the Trainer has handed its last message
