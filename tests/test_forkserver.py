@@ -81,7 +81,7 @@ def test_restarted_workers_are_forked_and_a_killed_forked_worker_restarts_the_gr
     sees exit code -9 again and starts a third round, forked too. Each kill costs at most the
     snapshot interval, counted by the harness from the last step line it read before the
     kill (the trainer's own count agrees); the run ends with the uninterrupted run's weights
-    and optimizer state; the server, about 300 MB resident once loaded (docs/checkpoints.md),
+    and optimizer state; the server, about 350 MB resident once loaded (docs/checkpoints.md),
     ends with the agent."""
     reference = run_torchrun(arguments("reference", workdir / "r"), workdir)
     assert reference.returncode == 0, reference.stderr[-3000:]

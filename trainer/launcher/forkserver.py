@@ -46,9 +46,12 @@ from pathlib import Path
 from trainer.collection import uncollected_imports
 from trainer.launcher.fork_protocol import HEADER, POLL_S, STDIO, alive
 
-# not inductor's compiler (0.6 s of CPU more): at the lowest priority beside a training run,
-# it kept the server from being ready for the restarts of a run's first minute
-PRELOAD = ("trainer.cli", "torch._dynamo")
+# inductor's compiler too, which a compiled run's restarted workers would otherwise import
+# when they compile (0.7 s by py-spy, before a warm first step of 1.6 s): frozen after import
+# (trainer.collection), the whole preload is 1.8 CPU-s, and the server listens within a run's
+# first seconds even at the lowest priority (unfrozen, inductor's 0.6 s more had kept it from
+# being ready for the restarts of a run's first minute)
+PRELOAD = ("trainer.cli", "torch._dynamo", "torch._inductor.compile_fx")
 # read once, when torch or Python start: a child forked from a server started under other
 # values would not honour the worker's own
 IMPORT_TIME_ENV = (
