@@ -28,6 +28,7 @@ from trainer.checkpoint.store import LocalStore
 from trainer.checkpoint.writing import SaveRequest, SaveWork, Staged
 from trainer.config import CheckpointConfig
 from trainer.distributed.process_group import DistContext
+from trainer.process_identity import process_start
 
 
 def state(value: float) -> dict:
@@ -58,11 +59,17 @@ def test_the_shared_copy_carries_every_dtype_and_shape_and_is_its_own_storage(tm
         "empty": torch.empty(0, 3),
         "nested": [{"x": torch.arange(3)}, ("text", 7)],
     }
-    orphan = tmp_path / "ddp-trainer-state-4194303-0badcafe"  # a dead process's (pid_max - 1)
-    orphan.write_bytes(b"left by a killed run")
+    me, started = os.getpid(), process_start(os.getpid())
+    orphans = [
+        tmp_path / "ddp-trainer-state-4194303-0-0badcafe",  # a dead process's (pid_max - 1)
+        tmp_path / f"ddp-trainer-state-{me}-{started - 1}-0badcafe",  # its pid is another's now
+    ]
+    kept = [tmp_path / f"ddp-trainer-state-{me}-{started}-0badcafe", tmp_path / "ddp-trainer-state-notes"]
+    for path in orphans + kept:
+        path.write_bytes(b"left by a run")
     buffer = SharedStateBuffer(tmp_path)
     shared = buffer.fill(original)
-    assert not orphan.exists()
+    assert not any(path.exists() for path in orphans) and all(path.exists() for path in kept)
     read = SharedStateReader().open(shared)
     assert not Path(shared.path).exists()  # mapped on both sides: the name is not needed
     assert equal(read, original)

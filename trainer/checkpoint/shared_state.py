@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.process_identity import process_start, still_running
+
 ALIGN = 64  # every tensor starts on a cache line, so that any dtype can view its bytes
-PREFIX = "ddp-trainer-state-"  # then the training process's id and a random tag
+PREFIX = "ddp-trainer-state-"  # then the training process's id and start, and a random tag
 
 
 def shared_memory_dir() -> Path:
@@ -123,7 +125,8 @@ class SharedStateBuffer:
         remove_orphans(self.folder)
         slots, end = aligned_slots(layout)
         size = max(end, ALIGN)
-        path = self.folder / f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        owner = os.getpid()
+        path = self.folder / f"{PREFIX}{owner}-{process_start(owner)}-{uuid.uuid4().hex[:8]}"
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             # reserve every page now: a tmpfs that runs out later kills with SIGBUS instead
@@ -159,14 +162,14 @@ def aligned_slots(layout: Layout) -> tuple[tuple[TensorSlot, ...], int]:
 
 def remove_orphans(folder: Path) -> None:
     """Buffers whose training process is gone and whose writer never mapped them (both
-    killed at once): their names hold the dead process's id."""
+    killed at once): their names hold the dead process's id and start, so that a process
+    that got its pid since does not keep them (a run's whole state, in memory)."""
     for path in folder.glob(f"{PREFIX}*"):
-        try:
-            os.kill(int(path.name.split("-")[-2]), 0)
-        except ProcessLookupError:
+        owner = path.name.removeprefix(PREFIX).split("-")
+        if len(owner) != 3 or not (owner[0].isdigit() and owner[1].isdigit()):
+            continue  # not one of ours
+        if not still_running(int(owner[0]), int(owner[1])):
             path.unlink(missing_ok=True)
-        except (ValueError, IndexError, PermissionError):
-            continue
 
 
 def map_slots(path: str, size: int, slots: tuple[TensorSlot, ...]) -> list[torch.Tensor]:

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainer.process_identity import process_start, signal_process, still_running
+
 if TYPE_CHECKING:  # the watchdog process reads records without the config's imports
     from trainer.config import WatchdogConfig
 
@@ -110,52 +112,15 @@ def read_records(folder: Path) -> list[Record]:
     return records
 
 
-def process_start(pid: int) -> int:
-    """When process `pid` started, in clock ticks after boot; 0 where /proc cannot say (no
-    such process, or no /proc)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    # the command name (field 2) is in parentheses and may hold spaces and parentheses
-    return int(stat.rpartition(")")[2].split()[19])
-
-
 def signal_rank(record: Record, signum: int) -> bool:
     """Send `signum` to the rank's process if it is still the one that wrote `record`;
-    False if it is gone. A pidfd pins the process while its start is compared, so that a
-    pid handed to another process meanwhile is never signalled."""
-    if not hasattr(os, "pidfd_open"):  # not Linux: no /proc either, so the pid alone
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(record.pid, signum)
-            return True
-        return False
-    try:
-        pidfd = os.pidfd_open(record.pid)
-    except ProcessLookupError:
-        return False
-    try:
-        if process_start(record.pid) != record.started:
-            return False  # the pid is another process's now
-        signal.pidfd_send_signal(pidfd, signum)
-        return True
-    except ProcessLookupError:
-        return False
-    finally:
-        os.close(pidfd)
+    False if it is gone."""
+    return signal_process(record.pid, record.started, signum)
 
 
 def rank_alive(record: Record) -> bool:
     """Whether the process that wrote `record` is still running (not merely its pid)."""
-    if record.started:
-        return process_start(record.pid) == record.started
-    try:  # no /proc: the pid alone
-        os.kill(record.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+    return still_running(record.pid, record.started)
 
 
 class PhaseLimits:
