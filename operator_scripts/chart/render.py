@@ -90,7 +90,7 @@ def _check_keys(values: dict[str, Any], schema: dict[str, Any], path: list[str])
         raise ValuesError(f"{where}: not a chart value; {hint}see helm/README.md for the chart's values")
 
 
-def check_trainer_config(values: dict[str, Any]) -> Config:
+def check_trainer_config(values: dict[str, Any], chart_values: dict[str, Any]) -> Config:
     """The trainer's own validation of `trainer.config` (the chart's defaults under
     `values`), before Helm renders: a typo or an out-of-range value is the trainer's line,
     did-you-mean included, and rules that JSON schema cannot say (one section's value
@@ -98,8 +98,9 @@ def check_trainer_config(values: dict[str, Any]) -> Config:
     names: a built-in's is known here without torch; a plug-in's (`package.module:function`)
     module and function are looked for in its source, shipped with the job (`--code`) or
     found by this Python, without running it (`plugin_source`); one in the image alone is
-    checked in the pod. Returns the config the pods will read."""
-    defaults = yaml.safe_load(VALUES_FILE.read_text())["trainer"]["config"]
+    checked in the pod. `chart_values` is the chart's values.yaml. Returns the config the
+    pods will read."""
+    defaults = chart_values["trainer"]["config"]
     trainer = values.get("trainer") or {}
     given = trainer.get("config") or {}
     try:
@@ -114,12 +115,12 @@ def check_trainer_config(values: dict[str, Any]) -> Config:
     return config
 
 
-def with_state_size(values: dict[str, Any], config: Config) -> dict[str, Any]:
+def with_state_size(values: dict[str, Any], config: Config, chart_values: dict[str, Any]) -> dict[str, Any]:
     """`values` with `snapshots.stateSize` the model's own where they leave it unset and it
     can be known here (`state_size`)."""
     if "stateSize" in (values.get("snapshots") or {}):
         return values
-    size = derived_state_size(config, deep_merge(yaml.safe_load(VALUES_FILE.read_text()), values))
+    size = derived_state_size(config, deep_merge(chart_values, values))
     return values if size is None else deep_merge(values, {"snapshots": {"stateSize": size}})
 
 
@@ -133,7 +134,8 @@ def render(
 
     values = values or {}
     check_chart_keys(values)
-    values = with_state_size(values, check_trainer_config(values))
+    chart_values = yaml.safe_load(VALUES_FILE.read_text())
+    values = with_state_size(values, check_trainer_config(values, chart_values), chart_values)
     # one install id for both renders below (the chart would draw one in each); it starts with
     # a letter, as the chart's own do, so that `--set installId=<it>` stays a string
     install_id = values.get("installId") or f"i{secrets.token_hex(4)[:7]}"
