@@ -220,22 +220,22 @@ def _run_loop(
     registered. Freed after `destroy_process_group` instead (a caller's local), the reducer
     held the group's last reference, and its destructor joined gloo's threads on the main
     thread, holding the GIL that a gloo thread dropping a tensor waited for: a deadlock."""
-    trainer = Trainer(
-        config,
-        context,
-        prepared.device,
-        prepared.splits,
-        prepared.data,
-        prepared.module,
-        prepared.ownership.checkpointer,
-        logger,
-        metrics,
-        stop,
-        heartbeat,
-        prepared.ownership.lineage,
-        writer,
-    )
     try:
+        trainer = Trainer(
+            config,
+            context,
+            prepared.device,
+            prepared.splits,
+            prepared.data,
+            prepared.module,
+            prepared.ownership.checkpointer,
+            logger,
+            metrics,
+            stop,
+            heartbeat,
+            prepared.ownership.lineage,
+            writer,
+        )
         summary = trainer.run()
     except ConfigError as error:
         return report(error, context)
