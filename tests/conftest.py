@@ -274,11 +274,16 @@ def node_env(workdir: Path, node: str, extra: dict[str, str]) -> dict[str, str]:
 
 
 def run_trainer(
-    args: Sequence[str], cwd: Path, *, env: dict[str, str] | None = None, timeout: float = 180
+    args: Sequence[str],
+    cwd: Path,
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 180,
+    entry: Sequence[str] = ("-m", "trainer"),
 ) -> subprocess.CompletedProcess:
-    """`python -m trainer ARGS` as a world of one."""
+    """`python -m trainer ARGS` as a world of one (or `python ENTRY ARGS`: a `-c` that wraps it)."""
     return subprocess.run(
-        [sys.executable, "-m", "trainer", *args],
+        [sys.executable, *entry, *args],
         cwd=cwd,
         env=env or process_env(),
         capture_output=True,

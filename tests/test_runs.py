@@ -120,14 +120,7 @@ def test_the_loops_ddp_model_is_freed_before_its_process_group_is_destroyed(work
     gloo's threads on the main thread, which deadlocked when one of them needed the GIL
     (py-spy on hung ranks; docs/performance.md, "Start-up")."""
     args = [*QUICK, "--set", "train.max_steps=4,checkpoint.every_steps=0,checkpoint.snapshot_every_steps=0"]
-    completed = subprocess.run(
-        [sys.executable, "-c", TEARDOWN_ORDER, *args],
-        cwd=workdir,
-        env=process_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    completed = run_trainer(args, workdir, entry=("-c", TEARDOWN_ORDER))
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "teardown: ddp freed, group destroyed" in completed.stderr, completed.stderr[-3000:]
 
