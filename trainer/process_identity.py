@@ -1,9 +1,9 @@
 """A process told apart from a later one that got its pid.
 
 Linux hands a dead process's pid to another after at most pid_max starts (32768 by default,
-docs/facts.md): a pid kept in a file names whoever has it now. So beside the
-pid goes the process's start (`/proc/PID/stat` field 22, clock ticks after boot), and a
-signal goes through a pidfd, which pins the process while its start is compared."""
+docs/facts.md): a pid kept in a file names whoever has it now. So beside the pid goes the
+process's start (`/proc/PID/stat` field 22, clock ticks after boot), and a signal goes
+through a pidfd, which pins the process while its start is compared."""
 
 from __future__ import annotations
 
