@@ -32,10 +32,11 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from operator_scripts.local.runtimes.sandbox import bind_mount
 
@@ -45,6 +46,7 @@ NSSWITCH = Path("/etc/nsswitch.conf")
 SIOCGIFFLAGS, SIOCSIFFLAGS = 0x8913, 0x8914  # linux/sockios.h
 IFF_UP = 0x1  # linux/if.h
 IFREQ = struct.Struct("16sH22x")  # struct ifreq: the name, then ifr_flags in a 24-byte union
+T = TypeVar("T")
 
 
 @functools.cache
@@ -75,6 +77,32 @@ def enter_private_network(workdir: Path) -> None:
         copy.write_text(text if found else text + "hosts: files\n")
         bind_mount(str(copy), str(NSSWITCH))
     set_link_up("lo")
+
+
+def on_a_host_of_its_own(workdir: Path, body: Callable[[], T]) -> T:
+    """`body()` on a thread of its own that is a host of its own (`enter_private_network`)
+    where root allows it, else on that thread as it is; its result, or its exception raised
+    here. What the thread starts (threads, processes, a TCPStore's server) is on that host
+    too. Many TCPStore connections at once need it here: both ends of each connection look
+    up the other's address (a v4-mapped one, which /etc/hosts does not hold) in DNS, and this
+    machine's DNS server drops a burst of them: 24 connections, then a 5 s stall each."""
+    outcome: list[tuple[bool, object]] = []
+
+    def run() -> None:
+        try:
+            if isolation_available():
+                enter_private_network(workdir)
+            outcome.append((True, body()))
+        except BaseException as error:  # handed to the caller's thread
+            outcome.append((False, error))
+
+    thread = threading.Thread(target=run, name="own-host")
+    thread.start()
+    thread.join()
+    done, value = outcome[0]
+    if not done:
+        raise value
+    return value
 
 
 def _check(libc: ctypes.CDLL, result: int, what: str) -> None:

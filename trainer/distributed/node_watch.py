@@ -4,16 +4,20 @@ A node whose kernel froze, whose VM was paused or whose link was cut crashes not
 peers wait in the next all-reduce, and each node's watchdog (`trainer.distributed.watchdog`)
 excuses a rank that waits for a peer elsewhere until `watchdog.first_s`. So each node's
 first rank runs a watcher thread beside the loop. Every `node_poll_s` it publishes its
-node's progress (newest step, phase, for how long, the phase's limit) under a key of its
-own in the job's store (the TCPStore at MASTER_ADDR:MASTER_PORT, which every worker of the
-group reaches), and reads every other node's key.
+node's progress (newest step, phase, for how long, the phase's limit) in the job's store
+(the TCPStore at MASTER_ADDR:MASTER_PORT, which every worker of the group reaches), through
+`trainer.distributed.node_exchange`: node 0's watcher, the collector, reads every node's
+progress and announces a verdict, which every other node reads. Two round trips per node
+and poll, whatever the number of nodes; the store's load grows as N, not N squared.
 
-A node whose key has not changed for its limit is lost. The limit is derived from what was
-observed, as the phases' limits are: `node_multiple` (3) times the longest gap seen between
-that node's publishes, at least `node_floor_s` (a fixed `node_timeout_s` replaces it). The
-publisher runs on its own thread, so a slow phase is not silence: a node that validates,
-writes a checkpoint or downloads a resume keeps publishing, and is reported in that phase.
-A store that stops answering for as long is the rendezvous host lost (node 0 hosts it).
+A node whose progress has not changed for its limit is lost. The limit is derived from what
+was observed, as the phases' limits are: `node_multiple` (3) times the longest gap seen
+between that node's publishes, at least `node_floor_s` (a fixed `node_timeout_s` replaces
+it). The collector judges every other node so; every other node judges the collector by its
+verdicts. The publisher runs on its own thread, so a slow phase is not silence: a node that
+validates, writes a checkpoint or downloads a resume keeps publishing, and is reported in
+that phase. A store that stops answering for as long is the rendezvous host lost (node 0
+hosts it).
 
 A lost node is named in one line by every survivor (node rank, host, last step, phase,
 silence). The survivor then leaves the broken group at once: it kills its node's other
@@ -36,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -53,35 +56,15 @@ from trainer.config import WatchdogConfig
 from trainer.distributed.elastic_bounds import describe, node_bounds
 from trainer.distributed.heartbeat import DONE, Heartbeat, read_records, signal_rank
 from trainer.distributed.leaving import mark_left
+from trainer.distributed.node_exchange import COLLECTOR, Exchange, Lost, Progress, Store, Verdict
 
 if TYPE_CHECKING:  # torch is imported where a watch starts: ddp-launch reads STORE_LOST_FILE_ENV torch-free
     import torch.distributed as dist
 
     from trainer.distributed.process_group import DistContext
 
-KEY_PREFIX = "ddp-node-progress/"
 EXIT_NODE_LOST = 1  # a failure: torchrun restarts the workers while it has restarts left
 STORE_LOST_FILE_ENV = "TRAINER_STORE_LOST_FILE"  # set by ddp-launch: where to say the store's host is lost
-
-
-@dataclass(frozen=True)
-class Progress:
-    """What one node publishes: where its first rank stands."""
-
-    node: int
-    host: str
-    step: int
-    phase: str
-    phase_s: float  # how long it has been in `phase`
-    limit_s: float  # how long that phase may take
-    seq: int
-
-    def encode(self) -> bytes:
-        return json.dumps(self.__dict__).encode()
-
-    @classmethod
-    def decode(cls, raw: bytes) -> Progress:
-        return cls(**json.loads(raw))
 
 
 @dataclass
@@ -91,6 +74,7 @@ class Seen:
     progress: Progress
     changed_at: float
     longest_gap_s: float = 0.0
+    moved: bool = False  # its sequence number changed since the first read: it publishes in this round
 
 
 @dataclass
@@ -108,7 +92,9 @@ class NodeLimits:
 @dataclass
 class NodeWatch:
     """One node's view of the others, on its own clock (testable without threads or stores):
-    `observe` each key read, `answered` each exchange the store completed, `lost` to judge."""
+    `observe` each progress read, `report` each verdict's loss, `answered` each exchange the
+    store completed, `lost` to judge. The collector watches every other node; the others
+    watch the collector, whose verdicts carry its progress."""
 
     node: int
     num_nodes: int
@@ -116,16 +102,33 @@ class NodeWatch:
     seen: dict[int, Seen] = field(default_factory=dict)
     started_at: float = 0.0
     answered_at: float = 0.0  # the store's last completed exchange
+    reported: Lost | None = None  # the collector's verdict: a node it found lost
+
+    @property
+    def watched(self) -> list[int]:
+        if self.node == COLLECTOR:
+            return [node for node in range(self.num_nodes) if node != COLLECTOR]
+        return [COLLECTOR]
 
     def observe(self, progress: Progress, now: float) -> None:
-        """A peer's key as read now: its clock restarts when its sequence number moves."""
+        """A peer's progress as read now: its clock restarts when its sequence number moves."""
         before = self.seen.get(progress.node)
         if before is None:
             self.seen[progress.node] = Seen(progress, now)
         elif progress.seq != before.progress.seq:
             gap = now - before.changed_at
             before.longest_gap_s = max(before.longest_gap_s, gap)
-            before.progress, before.changed_at = progress, now
+            before.progress, before.changed_at, before.moved = progress, now, True
+
+    def report(self, lost: Lost) -> bool:
+        """The collector's verdict names a lost node: taken once the collector was seen to
+        publish in this round (a store shared across rounds keeps an old round's verdict,
+        which never moves), and said whether it was taken."""
+        collector = self.seen.get(COLLECTOR)
+        if collector is None or not collector.moved:
+            return False
+        self.reported = lost
+        return True
 
     def lost(self, now: float) -> Loss | None:
         """The lost peer, or None while all answer. While the store does not answer, no
@@ -134,16 +137,18 @@ class NodeWatch:
             silent, limit = now - self.answered_at, self.limits.limit(0.0)
             if silent <= limit:
                 return None
-            last = self.seen.get(0)
+            last = self.seen.get(COLLECTOR)
             store = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
             return Loss(
-                0, f"the rendezvous host (store {store})", silent, limit, last and last.progress, True
+                COLLECTOR, f"the rendezvous host (store {store})", silent, limit, last and last.progress, True
             )
-        for node in range(self.num_nodes):
+        if self.reported is not None:
+            return Loss.of(self.reported)
+        for node in self.watched:
             seen = self.seen.get(node)
             since = seen.changed_at if seen is not None else self.started_at
             limit = self.limits.limit(seen.longest_gap_s if seen is not None else 0.0)
-            if node != self.node and now - since > limit and not (seen and seen.progress.phase == DONE):
+            if now - since > limit and not (seen and seen.progress.phase == DONE):
                 last = seen and seen.progress
                 return Loss(node, last.host if last else "?", now - since, limit, last)
         return None
@@ -159,6 +164,14 @@ class Loss:
     limit_s: float
     last: Progress | None
     store_host: bool = False  # the store stopped answering: its host is the one lost
+
+    @classmethod
+    def of(cls, lost: Lost) -> Loss:
+        return cls(lost.node, lost.host, lost.silent_s, lost.limit_s, lost.last)
+
+    def announced(self) -> Lost:
+        """What the collector's verdict says of it."""
+        return Lost(self.node, self.host, self.silent_s, self.limit_s, self.last)
 
     def describe(self) -> str:
         last = self.last
@@ -225,23 +238,34 @@ def leave_group(heartbeat: Heartbeat) -> None:
 
 
 class NodeWatcher:
-    """Two threads: one publishes this node's progress and reads the others' (a call to a
-    frozen or cut-off store blocks: TCPStore's client has no timeout on a reply, seen with
-    `check` on a SIGSTOPped server), the other judges on its own clock and acts."""
+    """Two threads: one talks to the store (a call to a frozen or cut-off store blocks:
+    TCPStore's client has no timeout on a reply, seen with `check` on a SIGSTOPped server),
+    the other judges on its own clock and acts. The collector's judge, having found a node
+    lost, waits until the exchange has announced it and the survivors have acknowledged it
+    (at most `2 * node_poll_s` more), since the store leaves with the collector's process."""
 
     def __init__(
         self,
-        context: DistContext,
+        node: int,
+        num_nodes: int,
+        host: str,
         config: WatchdogConfig,
-        heartbeat: Heartbeat,
         logger: logging.Logger,
-        leave: Callable[[Heartbeat], None] = leave_group,
+        progress: Callable[[int], Progress],
+        connect: Callable[[], Store],
+        leave: Callable[[], None],
     ) -> None:
-        self.context, self.config, self.heartbeat, self.log = context, config, heartbeat, logger
-        self.leave = leave
-        self.watch = NodeWatch(context.node_rank, context.num_nodes, NodeLimits(config))
+        """`progress(seq)` is this node's progress now, `connect()` a store client of the
+        watcher's own, `leave()` ends this node's ranks (it does not return in a trainer)."""
+        self.node, self.num_nodes, self.host, self.config, self.log = node, num_nodes, host, config, logger
+        self.progress, self.connect, self.leave = progress, connect, leave
+        self.watch = NodeWatch(node, num_nodes, NodeLimits(config))
         self.running, self.stopping, self.said_done = threading.Event(), threading.Event(), threading.Event()
+        self.wake_exchange, self.wake_judge = threading.Event(), threading.Event()
+        self.announced = threading.Event()  # the collector's finding announced and acknowledged
         self.lock = threading.Lock()
+        self.announcing: Loss | None = None  # the collector's finding, for the exchange to announce
+        self.acknowledged = False  # a follower said it read the collector's finding
         self.threads = [
             threading.Thread(target=self._exchange_loop, name="node-exchange", daemon=True),
             threading.Thread(target=self._judge_loop, name="node-judge", daemon=True),
@@ -258,50 +282,88 @@ class NodeWatcher:
         so that a peer still writing its last checkpoint or testing does not find it lost."""
         self.running.clear()
         self.stopping.set()
+        self.wake_exchange.set()
         self.said_done.wait(2 * self.config.node_poll_s)
 
-    def _connect(self) -> dist.TCPStore:
-        """A connection of its own to the group's store: a blocked call here holds up no
-        collective's use of the group's."""
-        import torch.distributed as dist
-
-        timeout = timedelta(seconds=max(1.0, self.config.node_poll_s * 2))
-        return dist.TCPStore(
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout,
-            wait_for_workers=False,
-        )  # fmt: skip
+    def _exchange(self) -> Exchange:
+        exchange = Exchange(self.connect(), self.node, self.num_nodes)
+        if exchange.is_collector:
+            exchange.prepare()
+        return exchange
 
     def _exchange_loop(self) -> None:
-        """Publish this node's progress and read every other node's, every poll."""
-        store, seq = None, 0
+        """Every poll, the collector reads every node and announces its verdict; every other
+        node publishes its progress and reads that verdict."""
+        exchange, seq = None, 0
         while not self.stopping.is_set():
             seq += 1
             try:
-                store = store or self._connect()
-                mine = own_progress(self.heartbeat, self.context.node_rank, self.context.hostname, seq)
-                store.set(f"{KEY_PREFIX}{mine.node}", mine.encode())
-                peers = [f"{KEY_PREFIX}{node}" for node in range(self.context.num_nodes) if node != mine.node]
-                published = [key for key in peers if store.check([key])]
-                read = [Progress.decode(store.get(key)) for key in published]
-                with self.lock:
-                    now = time.monotonic()
-                    for progress in read:
-                        self.watch.observe(progress, now)
-                    self.watch.answered_at = now
+                exchange = exchange or self._exchange()
+                mine = self.progress(seq)
+                if exchange.is_collector:
+                    self._collect(exchange, mine)
+                else:
+                    self._follow(exchange, mine)
             except (RuntimeError, OSError, ValueError):  # DistStoreError, a reset connection
-                store = None
-            self.stopping.wait(self.config.node_poll_s)
+                exchange = None
+            self.wake_exchange.wait(self.config.node_poll_s)
+            self.wake_exchange.clear()
         with contextlib.suppress(RuntimeError, OSError, ValueError):
-            last = own_progress(self.heartbeat, self.context.node_rank, self.context.hostname, seq + 1)
+            last = self.progress(seq + 1)
             done = dataclasses.replace(last, phase=DONE)
-            (store or self._connect()).set(f"{KEY_PREFIX}{done.node}", done.encode())
+            exchange = exchange or self._exchange()
+            if exchange.is_collector:
+                exchange.announce(Verdict(done))
+            else:
+                exchange.publish(done)
         self.said_done.set()
+
+    def _collect(self, exchange: Exchange, mine: Progress) -> None:
+        read = exchange.collect()
+        with self.lock:
+            now = time.monotonic()
+            for progress in read:
+                self.watch.observe(progress, now)
+            self.watch.answered_at = now
+            loss = self.announcing
+        exchange.announce(Verdict(mine, loss and loss.announced()))
+        if loss is not None:
+            self._await_acknowledgements(exchange, loss)
+
+    def _await_acknowledgements(self, exchange: Exchange, loss: Loss) -> None:
+        """Until every survivor said it read the loss, or two polls passed."""
+        with self.lock:
+            alive = [node for node in self.watch.watched if node != loss.node]
+            expected = sum(1 for node in alive if not self._done(node))
+        deadline = time.monotonic() + 2 * self.config.node_poll_s
+        while exchange.acknowledged() < expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.announced.set()
+
+    def _done(self, node: int) -> bool:
+        seen = self.watch.seen.get(node)
+        return seen is not None and seen.progress.phase == DONE
+
+    def _follow(self, exchange: Exchange, mine: Progress) -> None:
+        exchange.publish(mine)
+        verdict = exchange.read_verdict()
+        with self.lock:
+            now = time.monotonic()
+            if verdict is not None:
+                self.watch.observe(verdict.collector, now)
+            self.watch.answered_at = now
+            taken = verdict is not None and verdict.lost is not None and self.watch.report(verdict.lost)
+        if taken and not self.acknowledged:
+            exchange.acknowledge()
+            self.acknowledged = True
+            self.wake_judge.set()
 
     def _judge_loop(self) -> None:
         poll = self.config.node_poll_s
         last = time.monotonic()
         while self.running.is_set():
-            time.sleep(poll)
+            self.wake_judge.wait(poll)
+            self.wake_judge.clear()
             now = time.monotonic()
             if now - last > self.watch.limits.limit(0.0):
                 self._leave_thawed(now - last - poll)
@@ -310,16 +372,24 @@ class NodeWatcher:
             with self.lock:
                 loss = self.watch.lost(now)
             if loss is not None and self.running.is_set():
-                me = f"node {self.context.node_rank} ({self.context.hostname})"
-                goes_on, then = going_on(loss, self.context.num_nodes, node_bounds(os.environ), me)
-                self.log.error(
-                    f"{loss.describe()}; {then}",
-                    extra={"event": "node_lost", "fields": {**loss.fields(), "goes_on": goes_on}},
-                )
-                if loss.store_host and STORE_LOST_FILE_ENV in os.environ:
-                    Path(os.environ[STORE_LOST_FILE_ENV]).write_text(loss.describe() + "\n")
-                self.leave(self.heartbeat)
+                self._leave_lost(loss)
                 return
+
+    def _leave_lost(self, loss: Loss) -> None:
+        me = f"node {self.node} ({self.host})"
+        goes_on, then = going_on(loss, self.num_nodes, node_bounds(os.environ), me)
+        self.log.error(
+            f"{loss.describe()}; {then}",
+            extra={"event": "node_lost", "fields": {**loss.fields(), "goes_on": goes_on}},
+        )
+        if loss.store_host and STORE_LOST_FILE_ENV in os.environ:
+            Path(os.environ[STORE_LOST_FILE_ENV]).write_text(loss.describe() + "\n")
+        if self.watch.node == COLLECTOR and not loss.store_host:
+            with self.lock:
+                self.announcing = loss
+            self.wake_exchange.set()
+            self.announced.wait(3 * self.config.node_poll_s)
+        self.leave()
 
     def _leave_thawed(self, stopped_s: float) -> None:
         """This node was the frozen one, longer than its peers wait: they have found it and
@@ -327,12 +397,24 @@ class NodeWatcher:
         after a thaw, until the agent gave up), so it leaves at once too, blaming nobody,
         and rejoins at torchrun's next rendezvous."""
         self.log.error(
-            f"node {self.context.node_rank} ({self.context.hostname}) was itself stopped for "
+            f"node {self.node} ({self.host}) was itself stopped for "
             f"{stopped_s:.1f}s (frozen or paused), longer than its peers wait: it leaves the group "
             "and rejoins at torchrun's next rendezvous",
             extra={"event": "node_thawed", "fields": {"stopped_s": round(stopped_s, 2)}},
         )
-        self.leave(self.heartbeat)
+        self.leave()
+
+
+def connect_store(config: WatchdogConfig) -> dist.Store:
+    """A connection of the watcher's own to the group's store: a blocked call there holds up
+    no collective's use of the group's."""
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=max(1.0, config.node_poll_s * 2))
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout,
+        wait_for_workers=False,
+    )  # fmt: skip
 
 
 def start_node_watch(
@@ -343,6 +425,12 @@ def start_node_watch(
     multi_node = context.launched_by_torchrun and context.num_nodes > 1 and "MASTER_ADDR" in os.environ
     if not (config.enabled and config.nodes and context.is_node_main and multi_node):
         return None
-    watcher = NodeWatcher(context, config, heartbeat, logger)
+    node, host = context.node_rank, context.hostname
+    watcher = NodeWatcher(
+        node, context.num_nodes, host, config, logger,
+        progress=lambda seq: own_progress(heartbeat, node, host, seq),
+        connect=lambda: connect_store(config),
+        leave=lambda: leave_group(heartbeat),
+    )  # fmt: skip
     watcher.start()
     return watcher
