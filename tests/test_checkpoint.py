@@ -52,7 +52,17 @@ def test_checkpoint_then_manifest_then_latest(tmp_path):
     staged = ["checkpoint.pt", "manifest.json"]
     assert store.calls == [("publish", 10, staged, staged, None), ("put", "latest.json")]  # a new step
     manifest = json.loads((tmp_path / "step-10" / "manifest.json").read_text())
-    assert {"sha256", "bytes", "step", "epoch", "world_size", "created_at", "lease_epoch"} <= set(manifest)
+    expected = {
+        "sha256_pieces",
+        "piece_bytes",
+        "bytes",
+        "step",
+        "epoch",
+        "world_size",
+        "created_at",
+        "lease_epoch",
+    }
+    assert expected <= set(manifest)
     assert manifest["bytes"] == (tmp_path / "step-10" / "checkpoint.pt").stat().st_size
     assert json.loads((tmp_path / "latest.json").read_text())["step"] == 10
 

@@ -65,10 +65,10 @@ def saved(request, tmp_path) -> Files:
 
 
 def garbage_vouched_for(files: Files) -> None:
-    """Bytes that match the manifest's sha256 but are no checkpoint."""
+    """Bytes that match the manifest's digests but are no checkpoint (one piece: the whole)."""
     junk = b"not a checkpoint " * 64
     manifest = json.loads(files.read("step-6/manifest.json"))
-    manifest.update(sha256=hashlib.sha256(junk).hexdigest(), bytes=len(junk))
+    manifest.update(sha256_pieces=[hashlib.sha256(junk).hexdigest()], bytes=len(junk))
     files.write("step-6/checkpoint.pt", junk)
     files.write("step-6/manifest.json", json.dumps(manifest).encode())
 

@@ -7,7 +7,6 @@ used. `latest.json`, written last and read back, points outside readers at the n
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -22,6 +21,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from trainer.checkpoint.digest import PIECE_BYTES, matches, piece_digests
 from trainer.checkpoint.lease import LeaseFence
 from trainer.checkpoint.store import CheckpointStore, StaleWrite
 from trainer.config import ConfigError
@@ -184,13 +184,19 @@ class Checkpointer:
             return False
         try:
             manifest = json.loads(raw_manifest)
-            expected = (int(manifest["bytes"]), str(manifest["sha256"]))
+            size, pieces = int(manifest["bytes"]), manifest.get("sha256_pieces")
+            if pieces is None:  # written before the pieces: one sha256 of the whole file
+                check = {"pieces": None, "piece_bytes": 0, "sha256": str(manifest["sha256"])}
+            elif isinstance(pieces, list) and all(isinstance(piece, str) for piece in pieces):
+                check = {"pieces": pieces, "piece_bytes": int(manifest["piece_bytes"]), "sha256": None}
+            else:
+                raise TypeError("sha256_pieces")
         except (ValueError, KeyError, TypeError):
             log.warning("checkpoint step %d in %s has a damaged manifest; skipping it", step, self.store.uri)
             self.store.evict(name, self.cache)
             return False
         path = self.store.local_path(name, self.cache)
-        if expected != (path.stat().st_size, _sha256_file(path)):
+        if path.stat().st_size != size or not matches(path, **check):
             log.warning("checkpoint step %d in %s fails its sha256 check; skipping it", step, self.store.uri)
             self.store.evict(name, self.cache)
             return False
@@ -215,7 +221,9 @@ class Checkpointer:
             return state
         path = self.store.local_path(f"step-{step}/{CHECKPOINT_FILE}", self.cache)
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            # mapped, not read: a snapshot in /dev/shm is loaded where it lies, and a file the
+            # cache evicts meanwhile keeps its pages while they are mapped
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except FileNotFoundError:
             raise CheckpointError(
                 "checkpoint.uri", self.store.uri, f"step {step} is not readable on this node ({path})"
@@ -249,7 +257,8 @@ class Checkpointer:
                 "step": step,
                 "epoch": epoch,
                 "world_size": world_size,
-                "sha256": _sha256_file(checkpoint, lambda done: self.progress("hash", done, size)),
+                "sha256_pieces": piece_digests(checkpoint, lambda done: self.progress("hash", done, size)),
+                "piece_bytes": PIECE_BYTES,
                 "bytes": size,
                 "created_at": datetime.now(timezone.utc).isoformat(),
                 "lease_epoch": self.epoch,
@@ -367,17 +376,6 @@ class Checkpointer:
         self._check_fence()
         for step, current in doomed.items():
             self.store.delete_step(step, current[1] if current else None)
-
-
-def _sha256_file(path: Path, report: Callable[[int], None] = lambda done: None) -> str:
-    digest = hashlib.sha256()
-    done = 0
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(2**22), b""):
-            digest.update(block)
-            done += len(block)
-            report(done)
-    return digest.hexdigest()
 
 
 def _json(document: dict[str, Any]) -> bytes:
