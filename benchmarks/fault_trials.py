@@ -30,7 +30,7 @@ In the storage path (benchmarks.storage_trials, on moto's S3 server through the 
                changes after B's end.
 A node trial's final state is held bit for bit to a run without the fault: the same job for
 host-freeze; for a lost node, the trial's rounds replayed at their world sizes, each
-stopped where the next resumed (`TwoNodes.replay`, with a constant LR schedule), so that
+stopped where the next resumed (`NodeJob.replay`, with a constant LR schedule), so that
 equal bits show every sample trained exactly once across the resizes.
 Each runs the digits demo at 2 ranks with dropout on (so every rank's RNG streams matter), a
 snapshot every `--snapshot-every` steps and no durable checkpoint before the end, for
@@ -74,7 +74,7 @@ import psutil
 
 from benchmarks.metrics import free_port
 from benchmarks.namespaces import linked_hosts
-from benchmarks.node_trials import NODE_FAULTS, NodeTrial, TwoNodes, node_trial, rounds
+from benchmarks.node_trials import NODE_FAULTS, NodeJob, NodeTrial, node_trial, rounds
 from benchmarks.pod_trials import freeze_trial, reference_job_state
 from benchmarks.runner import checkout_path
 from benchmarks.storage_trials import STORAGE_FAULTS, storage_trials
@@ -230,7 +230,7 @@ def node_trials(args: argparse.Namespace) -> int:
     The final state is held bit for bit to a run without a fault: for `host-freeze`, whose
     world size comes back at once, the same job run once; for a lost node, which the
     survivor trains without for a while, the trial's own rounds replayed at their world
-    sizes (`TwoNodes.replay`): equal bits mean every sample trained exactly once."""
+    sizes (`NodeJob.replay`): equal bits mean every sample trained exactly once."""
     chooser = random.Random(args.seed)
     started = time.perf_counter()
     env = {**environment(args.fork_server == "on"), "PYTHONPATH": checkout_path()}
@@ -241,7 +241,7 @@ def node_trials(args: argparse.Namespace) -> int:
         reference = None
         if args.fault == "host-freeze":
             (workdir / "reference").mkdir()
-            job = TwoNodes(
+            job = NodeJob(
                 workdir / "reference", free_port(), every=args.snapshot_every, epochs=epochs, extra=REPLAYABLE
             )
             try:
@@ -257,7 +257,7 @@ def node_trials(args: argparse.Namespace) -> int:
             fault_after = chooser.randrange(20, 200)
             with contextlib.ExitStack() as stack:
                 network = stack.enter_context(linked_hosts(2)) if args.fault == "partition" else None
-                job = TwoNodes(
+                job = NodeJob(
                     trial_dir, free_port(), every=args.snapshot_every, epochs=epochs, extra=REPLAYABLE,
                     addresses=network.addresses if network else ("127.0.0.1", "127.0.0.1"),
                     prefixes=[network.prefix(0), network.prefix(1)] if network else ((), ()),
@@ -293,7 +293,7 @@ def node_trials(args: argparse.Namespace) -> int:
     return 0 if passed == len(trials) else 1
 
 
-def keep_trial(job: TwoNodes, trial_dir: Path, destination: Path) -> Path:
+def keep_trial(job: NodeJob, trial_dir: Path, destination: Path) -> Path:
     """A failed trial's folder (checkpoints, snapshots, replay) and each node's output."""
     for node in job.nodes:
         (trial_dir / f"node-{node.name}.log").write_text(node.text())

@@ -1,8 +1,8 @@
-"""Two nodes of one job, as two torchrun agents of one process each, and their faults.
+"""The nodes of one job, each a torchrun agent of one process, and their faults.
 
-Each node is a `ddp-launch -- torchrun --nnodes=1:2` (what a pod runs) with its own
-snapshot and cache folders, as pods have; both join one c10d rendezvous whose endpoint is
-node `a`'s address. On loopback the two share one network; under a `Network`
+Each node is a `ddp-launch -- torchrun --nnodes=1:2` (what a pod runs; two nodes unless
+`addresses` names more) with its own snapshot and cache folders, as pods have; all join one
+c10d rendezvous whose endpoint is node `a`'s address. On loopback the two share one network; under a `Network`
 (`benchmarks.namespaces`) each is a host of its own whose link can be cut.
 
 Everything the trials and tests assert is read from outside, on the harness's clock: each
@@ -71,9 +71,12 @@ class NodeProcess:
         signal_tree(self.process, signal.SIGCONT)
 
 
+NODE_NAMES = "abcdefghijklmnopqrstuvwxyz"
+
+
 @dataclass
-class TwoNodes:
-    """Launch both nodes; `close` ends whatever is left of them, pass or fail."""
+class NodeJob:
+    """Launch the nodes (one per address); `close` ends whatever is left of them, pass or fail."""
 
     workdir: Path
     port: int
@@ -95,7 +98,7 @@ class TwoNodes:
         )
 
     def command(self, index: int) -> list[str]:
-        overrides = self.overrides(self.workdir, "ab"[index])
+        overrides = self.overrides(self.workdir, NODE_NAMES[index])
         conf, local = RDZV_CONF, []
         if not self.addresses[index].startswith("127."):
             # a host's own address, not its name's: the agent publishes it as MASTER_ADDR, and
@@ -132,7 +135,7 @@ class TwoNodes:
         return workdir / "checkpoints"
 
     def start(self, env: dict[str, str]) -> None:
-        for index in range(2):
+        for index in range(len(self.addresses)):
             process = subprocess.Popen(
                 self.command(index),
                 cwd=self.workdir,
@@ -142,7 +145,7 @@ class TwoNodes:
                 text=True,
                 start_new_session=True,
             )
-            node = NodeProcess("ab"[index], process)
+            node = NodeProcess(NODE_NAMES[index], process)
             for stream in (process.stdout, process.stderr):
                 reader = threading.Thread(target=node.read, args=(stream,), daemon=True)
                 reader.start()
@@ -191,7 +194,7 @@ def progress(node: NodeProcess, after: float = 0.0) -> list[tuple[float, dict]]:
     return [(at, r) for at, r in node.records() if at > after and r.get("event") == "progress"]
 
 
-def events(job: TwoNodes, name: str, after: float = 0.0) -> list[tuple[float, dict]]:
+def events(job: NodeJob, name: str, after: float = 0.0) -> list[tuple[float, dict]]:
     """Both nodes' `name` lines that arrived after `after`, in the order they arrived."""
     found = [(at, r) for node in job.nodes for at, r in node.records() if at > after]
     return sorted(((at, r) for at, r in found if r.get("event") == name), key=lambda pair: pair[0])
@@ -202,7 +205,7 @@ def lost_lines(node: NodeProcess, after: float = 0.0) -> list[tuple[float, dict]
     return [(at, r) for at, r in node.records() if at > after and r.get("event") == "node_lost"]
 
 
-def rounds(job: TwoNodes) -> list[tuple[int, int]]:
+def rounds(job: NodeJob) -> list[tuple[int, int]]:
     """(world size, the step it resumed from: 0 for none) of every round rank 0 started."""
     return [(r["world_size"], r["resumed_from_step"] or 0) for _, r in events(job, "start")]
 
@@ -229,7 +232,7 @@ def replay_segments(started: list[tuple[int, int]]) -> list[tuple[int, int]]:
 NODE_FAULTS = ("node-freeze", "partition", "host-freeze")
 
 
-def starts(job: TwoNodes, after: float = 0.0) -> list[tuple[float, dict]]:
+def starts(job: NodeJob, after: float = 0.0) -> list[tuple[float, dict]]:
     """Rank 0's `start` lines (a new round: its world size) after `after`, in arrival order."""
     return events(job, "start", after)
 
@@ -299,7 +302,7 @@ class NodeTrial:
 
 
 def node_trial(
-    job: TwoNodes,
+    job: NodeJob,
     fault: str,
     fault_after: int,
     env: dict[str, str],

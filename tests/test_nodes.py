@@ -9,7 +9,7 @@ arrival (benchmarks.node_trials.node_trial, which the fault trials run too). Wha
 cost is the harness's too: the steps between the line it read before the fault and the step
 the job resumed from, at most the snapshot interval, and the final weights and optimizer
 state bit for bit those of the job's rounds replayed without a fault at their world sizes
-(`TwoNodes.replay`): every sample trained exactly once."""
+(`NodeJob.replay`): every sample trained exactly once."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from benchmarks.namespaces import isolation_available, linked_hosts
 from benchmarks.node_trials import (
     DETECTION_BOUND_S,
     TRAINING_BOUND_S,
+    NodeJob,
     NodeTrial,
-    TwoNodes,
     node_trial,
     rounds,
 )
@@ -44,15 +44,15 @@ WAITING_DATA, REPLAY_DATA = (
 
 
 @pytest.fixture
-def two_nodes(workdir) -> Iterator[Callable[..., TwoNodes]]:
+def two_nodes(workdir) -> Iterator[Callable[..., NodeJob]]:
     """Make the job under test, on a schedule its replay can follow (constant LR); whatever is
     left of it ends with the test, pass or fail."""
-    jobs: list[TwoNodes] = []
+    jobs: list[NodeJob] = []
 
-    def make(waiting_data: bool = True, **options) -> TwoNodes:
+    def make(waiting_data: bool = True, **options) -> NodeJob:
         data = (WAITING_DATA, REPLAY_DATA) if waiting_data else ("", "")
         jobs.append(
-            TwoNodes(workdir, free_port(), extra=REPLAYABLE + data[0], replay_extra=data[1], **options)
+            NodeJob(workdir, free_port(), extra=REPLAYABLE + data[0], replay_extra=data[1], **options)
         )
         return jobs[-1]
 
@@ -61,9 +61,7 @@ def two_nodes(workdir) -> Iterator[Callable[..., TwoNodes]]:
         job.close()
 
 
-def assert_ends_complete_losing_at_most_a_snapshot_interval_bit_exact(
-    job: TwoNodes, trial: NodeTrial
-) -> None:
+def assert_ends_complete_losing_at_most_a_snapshot_interval_bit_exact(job: NodeJob, trial: NodeTrial) -> None:
     assert trial.codes == [0, 0], job.tail()
     assert trial.complete, job.tail()  # the summary's last step is latest.json's, every epoch done
     assert trial.false_alarms == 0, job.tail()  # the node watch found it, not a local watchdog's limit
