@@ -103,3 +103,18 @@ def test_one_bandwidth_only(capsys):
         main(["--step-ms", "5", "--grad-mb", "1", "--link-gbit", "10", "--bandwidth-gbs", "3"])
     assert exit.value.code == 2
     assert "--bandwidth-gbs 3 and --link-gbit 10: give one" in capsys.readouterr().err
+
+
+def test_each_row_splits_the_ring_into_its_bytes_and_its_latency_and_names_the_larger(capsys):
+    """The latency term grows as 2(N-1) hops per bucket; the bytes' term levels off at twice
+    the gradients over the bandwidth: the small model turns latency-bound with N."""
+    from operator_scripts.reports.estimate import ring_terms
+
+    link = Interconnect("eth", bandwidth=12.5e9, latency=20e-6)
+    small, big = ring_terms(0.2e6, 1024, link), ring_terms(944e6, 8, link)
+    assert small.dominant == "latency" and math.isclose(small.latency_seconds, 2 * 1023 * 20e-6)
+    assert big.dominant == "bandwidth" and math.isclose(big.bandwidth_seconds, 14 / 8 * 944e6 / 12.5e9)
+    main(["--step-ms", "3.5", "--grad-mb", "0.2", "--devices", "2", "1024", "--link-gbit", "1"])
+    rows = capsys.readouterr().out.splitlines()[2:4]
+    assert rows[0].split()[0] == "2" and "bandwidth)" in rows[0]
+    assert rows[1].split()[0] == "1024" and "latency)" in rows[1]

@@ -3,7 +3,10 @@
 Each rank keeps its own batch (weak scaling), so N ranks finish N times the samples of one
 step in `step(N)`: speedup = N * step(1) / step(N). The gradient all-reduce is a ring:
 every rank sends and receives 2(N-1)/N of the gradient bytes, in 2(N-1) latency-bound
-hops for each all-reduce (one per DDP bucket; PowerSGD issues three per bucket). With
+hops for each all-reduce (one per DDP bucket; PowerSGD issues three per bucket). Each row
+shows both terms and which dominates: the bytes' term levels off at twice the gradients
+over the bandwidth, the latency's grows with N, and takes over at hundreds of devices for
+any model whose buckets are small next to bandwidth x latency x N. With
 overlap, DDP's buckets start reducing while backward (about 2/3 of the step) still runs,
 hiding communication up to that long. A communication hook's own work (the casts,
 PowerSGD's matrix products) is part of step(1): measure that step with the hook on.
@@ -113,16 +116,40 @@ def step_allreduces(hook: str, fp32_bytes: float, bucket_cap_mb: float = 25) -> 
     return buckets * ALLREDUCES_PER_BUCKET.get(hook, 1)
 
 
+@dataclass(frozen=True)
+class RingTerms:
+    """One step's ring all-reduces, in their two terms: the bytes each rank moves, which
+    tends to 2x the gradients as N grows, and the hops' latency, which grows as N does."""
+
+    bandwidth_seconds: float
+    latency_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        return self.bandwidth_seconds + self.latency_seconds
+
+    @property
+    def dominant(self) -> str:
+        return "latency" if self.latency_seconds > self.bandwidth_seconds else "bandwidth"
+
+
+def ring_terms(
+    gradient_bytes: float, devices: int, link: Interconnect, allreduces: int | None = None
+) -> RingTerms:
+    """One step's ring all-reduces of `gradient_bytes` over `devices` ranks, in `allreduces`
+    calls (default: DDP's fp32 buckets), each paying 2(N-1) hops' latency."""
+    if devices <= 1:
+        return RingTerms(0.0, 0.0)
+    hops = 2 * (devices - 1)
+    calls = ddp_buckets(gradient_bytes) if allreduces is None else allreduces
+    return RingTerms(hops / devices * gradient_bytes / link.bandwidth, hops * link.latency * calls)
+
+
 def ring_allreduce_seconds(
     gradient_bytes: float, devices: int, link: Interconnect, allreduces: int | None = None
 ) -> float:
-    """Time of one step's ring all-reduces of `gradient_bytes` over `devices` ranks, in
-    `allreduces` calls (default: DDP's fp32 buckets), each paying the hops' latency."""
-    if devices <= 1:
-        return 0.0
-    hops = 2 * (devices - 1)
-    calls = ddp_buckets(gradient_bytes) if allreduces is None else allreduces
-    return hops / devices * gradient_bytes / link.bandwidth + hops * link.latency * calls
+    """Time of one step's ring all-reduces (`ring_terms`, both terms)."""
+    return ring_terms(gradient_bytes, devices, link, allreduces).seconds
 
 
 def predict(
@@ -153,16 +180,21 @@ def table(
     lines = [
         f"{link.name}: {link.bandwidth / 1e9:g} GB/s, {link.latency * 1e6:g} us per hop; "
         f"step {1000 * step_seconds:.1f} ms on one device, {gradient_bytes / 1e6:.1f} MB of gradients",
-        "devices  all-reduce ms  speedup (no overlap)  speedup (overlap)  efficiency (overlap)",
+        "devices  all-reduce ms  (bytes ms + latency ms: dominant)  speedup (no overlap)  speedup (overlap)"
+        "  efficiency (overlap)",
     ]
     for n in devices:
         plain, hidden = (
             predict(step_seconds, gradient_bytes, n, link, overlap=o, allreduces=allreduces)
             for o in (False, True)
         )
+        terms = ring_terms(gradient_bytes, n, link, allreduces)
+        split = (
+            f"({1000 * terms.bandwidth_seconds:.2f} + {1000 * terms.latency_seconds:.2f}: {terms.dominant})"
+        )
         lines.append(
-            f"{n:>7}  {1000 * plain.comm_seconds:>13.2f}  {plain.speedup:>20.2f}  {hidden.speedup:>17.2f}"
-            f"  {100 * hidden.efficiency:>19.1f}%"
+            f"{n:>7}  {1000 * plain.comm_seconds:>13.2f}  {split:>35}  {plain.speedup:>20.2f}"
+            f"  {hidden.speedup:>17.2f}  {100 * hidden.efficiency:>19.1f}%"
         )
     return "\n".join(lines)
 
