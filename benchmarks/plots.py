@@ -115,3 +115,73 @@ def plot_links(measured: list, one_node_rate: float, out: Path) -> Path:
     figure.savefig(out, dpi=110)
     plt.close(figure)
     return out
+
+
+def plot_scale(results, out: Path) -> Path:
+    """The scale benchmark's four panels (`benchmarks.scale.Results`): start-up against real
+    nodes; the watcher store's requests against nodes, measured, simulated and (dashed) what
+    the watcher before made, derived; and against the state's size, the time a save blocks
+    and a restore takes, each beside a plain copy of the same bytes."""
+    plt = _pyplot()
+    figure, ((start, store), (blocked, restore)) = plt.subplots(2, 2, figsize=(12, 8.5))
+    counts = [figures.nodes for figures in results.nodes]
+    start.plot(counts, [f.first_step_s for f in results.nodes], "o-", label="launch to first step")
+    start.plot(
+        counts, [f.control_plane_s for f in results.nodes], "s-", label="control plane (rendezvous, group)"
+    )
+    start.plot(
+        counts,
+        [f.training_s or float("nan") for f in results.nodes],
+        "^-",
+        label="frozen node: training again",
+    )
+    start.set(title="real nodes on 2 cores", xlabel="nodes", ylabel="seconds", xticks=counts)
+    simulated = [load.nodes for load in results.watched]
+    everything = counts + simulated
+    store.plot(
+        counts,
+        [f.group_store.requests / f.window_s for f in results.nodes],
+        "o-",
+        label="measured, real nodes",
+    )
+    store.plot(
+        simulated, [load.requests_per_s for load in results.watched], "s-", label="measured, simulated nodes"
+    )
+    store.plot(
+        everything,
+        [n * (2 * n - 1) for n in everything],
+        "k--",
+        label="the watcher before (derived, N(2N-1))",
+    )
+    if results.agents:
+        store.plot(
+            [a.nodes for a in results.agents],
+            [a.requests_per_s for a in results.agents],
+            "^:",
+            label="torchrun agents (rendezvous store)",
+        )
+    store.set(title="store requests per second", xlabel="nodes", xscale="log", yscale="log")
+    gigabytes = [size.gigabytes for size in results.sizes]
+    for label, values, style in (
+        ("plain copy", [s.copy_s for s in results.sizes], "k--"),
+        ("checkpoint blocked", [s.checkpoint_blocked_s for s in results.sizes], "o-"),
+        ("snapshot blocked", [s.snapshot_blocked_s for s in results.sizes], "s-"),
+        ("DCP async_save blocked", [s.dcp_blocked_s or float("nan") for s in results.sizes], "^:"),
+    ):
+        blocked.plot(gigabytes, values, style, label=label)
+    blocked.set(title="training blocked per save", xlabel="state (GB)", ylabel="seconds")
+    for label, values, style in (
+        ("plain read of the snapshot", [s.plain_read_s for s in results.sizes], "k--"),
+        ("restore from the snapshot", [s.restore_snapshot_s for s in results.sizes], "o-"),
+        ("upload, plain boto3", [s.plain_upload_s for s in results.sizes], "k:"),
+        ("checkpoint published", [s.upload_s for s in results.sizes], "s-"),
+    ):
+        restore.plot(gigabytes, values, style, label=label)
+    restore.set(title="restore and upload", xlabel="state (GB)", ylabel="seconds", yscale="log")
+    for axis in (start, store, blocked, restore):
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+    return out

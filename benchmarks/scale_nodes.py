@@ -61,10 +61,11 @@ class NodesFigures:
     split: dict[str, float]  # rank 0's start-up split
     rendezvous_s: float | None  # the last agent ready to the last agent joined
     step_ms: float
-    group_store: Traffic  # over WINDOW_S
+    group_store: Traffic  # over window_s
     rendezvous_store: Traffic
     named_s: float | None  # the freeze to the first survivor's line naming it
     training_s: float | None  # the freeze to rank 0's first step after it
+    window_s: float
     fork_servers_s: float | None  # the first step to every node's fork server listening
 
     @property
@@ -131,20 +132,25 @@ def counted(network: Network, ports: list[int], seconds: float) -> list[Traffic]
     return [served(port, network.names[0]) - then for port, then in zip(ports, before, strict=True)]
 
 
-def run_nodes(count: int, subnet: str) -> NodesFigures:
-    """One job of `count` nodes, measured, then closed."""
-    with tempfile.TemporaryDirectory(prefix="ddp-scale-") as scratch, linked_hosts(count, subnet) as network:
+def run_nodes(
+    count: int, window_s: float = WINDOW_S, fork_server_wait_s: float = FORK_SERVER_WAIT_S
+) -> NodesFigures:
+    """One job of `count` nodes, measured over `window_s` of steady training, its frozen
+    node once every fork server listens (or `fork_server_wait_s` passed), then closed."""
+    with tempfile.TemporaryDirectory(prefix="ddp-scale-") as scratch, linked_hosts(count) as network:
         job = NodeJob(
             Path(scratch), free_port(), every=20, epochs=10_000, nnodes=f"{count - 1}:{count}", extra=EXTRA,
             addresses=network.addresses, prefixes=[network.prefix(host) for host in range(count)],
         )  # fmt: skip
         try:
-            return measure(job, network, count)
+            return measure(job, network, count, window_s, fork_server_wait_s)
         finally:
             job.close()
 
 
-def measure(job: NodeJob, network: Network, count: int) -> NodesFigures:
+def measure(
+    job: NodeJob, network: Network, count: int, window_s: float, fork_server_wait_s: float
+) -> NodesFigures:
     launched = time.monotonic()
     job.start(environment())
     first = job.wait_for(lambda: progress(job.nodes[0]) or progress_anywhere(job), 600)[0]
@@ -157,12 +163,11 @@ def measure(job: NodeJob, network: Network, count: int) -> NodesFigures:
     time.sleep(5.0)  # past the first steps' warm-up and the first snapshot
     rank0 = job.rank0()
     window_started = time.monotonic()
-    group_store, rendezvous_store = counted(network, [master_port(rank0) or 0, job.port], WINDOW_S)
+    group_store, rendezvous_store = counted(network, [master_port(rank0) or 0, job.port], window_s)
     steps = [r["step_ms"] for at, r in progress(rank0) if at > window_started and "step_ms" in r]
     step_ms = statistics.median(steps) if steps else float("nan")
-    fork_servers_s = wait_for_fork_servers(job, FORK_SERVER_WAIT_S)
-    if fork_servers_s is not None:
-        fork_servers_s += time.monotonic() - first[0] - fork_servers_s
+    ready = wait_for_fork_servers(job, fork_server_wait_s)
+    fork_servers_s = None if ready is None else time.monotonic() - first[0]
     victim = job.nodes[-1]  # never node 0: it hosts both stores
     victim.freeze()
     frozen_at = time.monotonic()
@@ -177,7 +182,7 @@ def measure(job: NodeJob, network: Network, count: int) -> NodesFigures:
         training_s = again[0][0] - frozen_at
     return NodesFigures(
         count, first_step_s, split, rendezvous_s, step_ms, group_store, rendezvous_store, named_s, training_s,
-        fork_servers_s,
+        window_s, fork_servers_s,
     )  # fmt: skip
 
 
@@ -192,9 +197,10 @@ def agent_pid(node: NodeProcess) -> int | None:
 
 
 def wait_for_fork_servers(job: NodeJob, timeout_s: float) -> float | None:
-    """Wait until every node's fork server listens (its imports run at nice 19, on what the
-    ranks leave idle), so that the restart after the freeze forks its workers as a node with
-    spare cores would; the seconds waited, or None if some did not within `timeout_s`."""
+    """Wait until every node's fork server listens (its imports run at nice 19, on what 16
+    ranks on 2 cores leave idle: little), so that the restart after the freeze forks its
+    workers as a node with spare cores would; the seconds waited, or None if some did not
+    within `timeout_s`."""
     started = time.monotonic()
     agents = [agent_pid(node) for node in job.nodes]
     while time.monotonic() - started < timeout_s:
@@ -215,13 +221,13 @@ def describe(figures: NodesFigures) -> str:
     named = "not named" if figures.named_s is None else f"named {figures.named_s:.1f} s"
     again = "" if figures.training_s is None else f", training again {figures.training_s:.1f} s"
     if figures.fork_servers_s is None:
-        again += f" (some fork server not listening {FORK_SERVER_WAIT_S:.0f} s after the first step)"
+        again += " (not every fork server listened yet: workers started cold)"
     store = figures.group_store
     agents = figures.rendezvous_store
     return (
         f"{figures.nodes:>3} nodes: first step {figures.first_step_s:.1f} s ({split}); rendezvous "
         f"{rendezvous}, control plane {figures.control_plane_s:.2f} s; step {figures.step_ms:.1f} ms; "
-        f"group store {store.requests / WINDOW_S:,.1f} requests/s ({store.connections} connections), "
-        f"rendezvous store {agents.requests / WINDOW_S:,.1f} requests/s, "
-        f"{agents.bytes_out / WINDOW_S / 1e3:,.1f} kB/s out; a frozen node {named}{again}"
+        f"group store {store.requests / figures.window_s:,.1f} requests/s ({store.connections} connections), "
+        f"rendezvous store {agents.requests / figures.window_s:,.1f} requests/s, "
+        f"{agents.bytes_out / figures.window_s / 1e3:,.1f} kB/s out; a frozen node {named}{again}"
     )

@@ -36,12 +36,14 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from benchmarks.namespaces import on_a_host_of_its_own
 from benchmarks.store_traffic import served, server_threads, thread_cpu_seconds
 from trainer.config import WatchdogConfig
 from trainer.distributed.node_exchange import Progress
@@ -412,6 +414,28 @@ def worker(argv: list[str]) -> int:
     return 0
 
 
+def simulate(
+    counts: list[int], *, with_agents: bool = True, quick: bool = False, report=print
+) -> tuple[list[WatchLoad], list[AgentLoad]]:
+    """Each count's watchers (and agents), on a host of its own where root allows it.
+    `quick`: shorter windows, for the test suite's run."""
+    timing = {"settle_s": 7.0, "window_s": 3.0, "after_s": 9.0} if quick else {}
+    watched: list[WatchLoad] = []
+    agent_loads: list[AgentLoad] = []
+
+    def run() -> None:
+        for nodes in counts:
+            watched.append(watchers(nodes, **timing))
+            report(describe_watchers(watched[-1]))
+            if with_agents:
+                agent_loads.append(agents(nodes, window_s=timing.get("window_s", 10.0)))
+                report(describe_agents(agent_loads[-1]))
+
+    with tempfile.TemporaryDirectory() as workdir:
+        on_a_host_of_its_own(Path(workdir), run)
+    return watched, agent_loads
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["worker"]:
@@ -422,22 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", default="64,256,1024", help="simulated node counts")
     parser.add_argument("--no-agents", action="store_true", help="the watchers only")
     args = parser.parse_args(argv)
-    from benchmarks.namespaces import on_a_host_of_its_own
-
-    def simulate() -> list[str]:
-        lines = []
-        for nodes in map(int, args.nodes.split(",")):
-            lines.append(describe_watchers(watchers(nodes)))
-            print(lines[-1], flush=True)
-            if not args.no_agents:
-                lines.append(describe_agents(agents(nodes)))
-                print(lines[-1], flush=True)
-        return lines
-
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as workdir:
-        on_a_host_of_its_own(Path(workdir), simulate)
+    simulate([int(count) for count in args.nodes.split(",")], with_agents=not args.no_agents)
     return 0
 
 

@@ -12,6 +12,7 @@ from benchmarks.device_check import split_problems
 from benchmarks.fault_trials import summary
 from benchmarks.gpu import GpuFigures
 from benchmarks.links import variants
+from benchmarks.namespaces import isolation_available
 from benchmarks.node_trials import replay_segments
 from benchmarks.trial_record import Trial
 from trainer.config import ConfigError
@@ -204,3 +205,27 @@ def test_a_fault_trial_passes_only_within_its_bound_bit_identical_and_reports_in
         "cold start median 8.7s, max 8.7s; recovery / cold start median 0.13 (0.13-0.13); "
         "1/2 within the bounds and bit-identical"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not isolation_available(), reason="needs root and network namespaces")
+def test_the_scale_benchmarks_small_run_names_every_figure_of_its_last_line():
+    """Two real nodes, sixteen simulated ones, a 20 MB state and a pod of 2 ranks: every part
+    runs and its last line carries the figures the targets are about. What it asserts of
+    them is behaviour, not speed: the watcher's round trips stay bounded (2 a node and poll;
+    the watcher before made 2N-1 = 31 at 16), a frozen node is named, real and simulated,
+    and no metric series appears as the run goes on."""
+    out = run_benchmark("scale", "--quick", timeout=540)
+    last = out.strip().splitlines()[-1]
+    number = r"(-?\d+\.\d+)"
+    expected = (
+        rf"scale: control plane 2/2 nodes {number}; frozen node named {number} s, training {number} s; "
+        rf"16 nodes {number} round trips per node per poll, p99 {number} ms, named {number} s; "
+        rf"blocked {number} x a copy; stall {number} at 20 MB"
+    )
+    found = re.fullmatch(expected, last)
+    assert found, out[-3000:]
+    assert 1.0 <= float(found[4]) <= 3.0, last
+    assert "series added after the first checkpoint over 16 s: none" in out, out
+    assert re.search(r"16 torchrun agents: state \d+ kB; [\d,]+ requests/s", out), out
