@@ -5,9 +5,11 @@ digits CNN together; then one node frozen mid-run.
 For each count, read from outside on the harness's clock:
 - **start-up**: launch to rank 0's first step, and its parts. The agents' and workers'
   imports are what 2 cores serialize (N interpreters importing torch at once); the *control
-  plane* is what is left: the rendezvous, from the last agent ready to join (its
-  "Rendezvous'ing worker group" line) to the last one through ("Rendezvous complete"), plus
-  the process group's forming (rank 0's start-up split: the ranks' gloo mesh and store barrier);
+  plane* is what is left, each part taken where it waits for nobody's imports: the
+  rendezvous of the last agent to arrive (its "Rendezvous'ing worker group" line to its
+  "Rendezvous complete"), and the process group of the last rank to arrive (the least of
+  every rank's `ddp_startup_seconds{phase="process group"}`, scraped from each node: the
+  gloo mesh and the store's barrier);
 - **steady step**: the median of rank 0's step times over a window of steady training;
 - **store traffic** over the same window, counted by the kernel (`store_traffic`): the
   group's store (MASTER_PORT, served from rank 0's process) and the rendezvous store (the
@@ -26,6 +28,8 @@ import contextlib
 import os
 import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -44,9 +48,13 @@ from trainer.launcher.launch import RDZV_ENV
 # the agent's INFO lines around its rendezvous (torch/distributed/elastic/agent/server/api.py:707, 553)
 READY = re.compile(r"Rendezvous'ing worker group")
 JOINED = re.compile(r"Rendezvous complete for workers")
+METRICS_PORT = 9401
 # steps that wait for their data (64 ms each): the window measures the group's coordination
 # on top of a fixed step, not 2 cores shared by N ranks' compute
-EXTRA = ",optim.schedule=constant,data.name=plugins:slow_digits,data.options.delay_s=0.002"
+EXTRA = (
+    ",optim.schedule=constant,data.name=plugins:slow_digits,data.options.delay_s=0.002,"
+    f"metrics.port={METRICS_PORT}"  # on each node's loopback, scraped from inside its namespace
+)
 WINDOW_S = 15.0
 FORK_SERVER_WAIT_S = 240.0
 NODE_MEMORY_MB = 900  # what one node's processes take here (launcher, agent, rank, writer, fork server)
@@ -68,10 +76,12 @@ class NodesFigures:
     window_s: float
     fork_servers_s: float | None  # the first step to every node's fork server listening
 
+    process_group_s: float | None = None  # the last rank to arrive's process group phase
+
     @property
     def control_plane_s(self) -> float:
         """The rendezvous and the process group's forming: what grows with N besides imports."""
-        return (self.rendezvous_s or 0.0) + self.split.get("process_group", 0.0)
+        return (self.rendezvous_s or 0.0) + (self.process_group_s or 0.0)
 
 
 def refusal(counts: list[int]) -> str | None:
@@ -159,7 +169,12 @@ def measure(
     phases = ("launch_and_rendezvous", "imports", "data_and_model", "process_group", "resume", "first_step")
     split = {phase: float(startup[phase]) for phase in phases if phase in startup}
     ready, joined = arrivals(job, READY), arrivals(job, JOINED)
-    rendezvous_s = max(joined.values()) - max(ready.values()) if len(joined) == len(ready) == count else None
+    last = max(ready, key=ready.get, default=None)
+    rendezvous_s = joined[last] - ready[last] if last in joined and len(ready) == count else None
+    groups: dict[int, float] = {}
+    for host in range(count):
+        groups.update(phase_seconds(network, host, "process group"))
+    process_group_s = min(groups.values()) if len(groups) == count else None
     time.sleep(5.0)  # past the first steps' warm-up and the first snapshot
     rank0 = job.rank0()
     window_started = time.monotonic()
@@ -182,8 +197,35 @@ def measure(
         training_s = again[0][0] - frozen_at
     return NodesFigures(
         count, first_step_s, split, rendezvous_s, step_ms, group_store, rendezvous_store, named_s, training_s,
-        window_s, fork_servers_s,
+        window_s, fork_servers_s, process_group_s,
     )  # fmt: skip
+
+
+SCRAPE = (
+    "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}/metrics', timeout=10)"
+    ".read().decode())"
+)
+
+
+def phase_seconds(network: Network, host: int, phase: str) -> dict[int, float]:
+    """`ddp_startup_seconds{phase=PHASE}` by rank, as `host`'s node serves it (here the nodes
+    share one /tmp, so each serves every rank's series)."""
+    command = [
+        "ip",
+        "netns",
+        "exec",
+        network.names[host],
+        sys.executable,
+        "-c",
+        SCRAPE.format(port=METRICS_PORT),
+    ]
+    scraped = subprocess.run(command, capture_output=True, text=True, timeout=30).stdout
+    pattern = rf'^ddp_startup_seconds{{([^}}]*phase="{phase}"[^}}]*)}} ([\d.e+-]+)$'
+    found = {}
+    for labels, value in re.findall(pattern, scraped, re.MULTILINE):
+        if rank := re.search(r'\brank="(\d+)"', labels):
+            found[int(rank[1])] = float(value)
+    return found
 
 
 def agent_pid(node: NodeProcess) -> int | None:
@@ -217,7 +259,8 @@ def progress_anywhere(job: NodeJob, after: float = 0.0) -> list[tuple[float, dic
 
 def describe(figures: NodesFigures) -> str:
     split = ", ".join(f"{phase} {seconds:.1f}s" for phase, seconds in figures.split.items())
-    rendezvous = "?" if figures.rendezvous_s is None else f"{figures.rendezvous_s:.1f}s"
+    rendezvous = "?" if figures.rendezvous_s is None else f"{figures.rendezvous_s:.2f}s"
+    group = "?" if figures.process_group_s is None else f"{figures.process_group_s:.2f}s"
     named = "not named" if figures.named_s is None else f"named {figures.named_s:.1f} s"
     again = "" if figures.training_s is None else f", training again {figures.training_s:.1f} s"
     if figures.fork_servers_s is None:
@@ -225,8 +268,9 @@ def describe(figures: NodesFigures) -> str:
     store = figures.group_store
     agents = figures.rendezvous_store
     return (
-        f"{figures.nodes:>3} nodes: first step {figures.first_step_s:.1f} s ({split}); rendezvous "
-        f"{rendezvous}, control plane {figures.control_plane_s:.2f} s; step {figures.step_ms:.1f} ms; "
+        f"{figures.nodes:>3} nodes: first step {figures.first_step_s:.1f} s ({split}); the last agent's "
+        f"rendezvous {rendezvous} and the last rank's process group {group}: control plane "
+        f"{figures.control_plane_s:.2f} s; step {figures.step_ms:.1f} ms; "
         f"group store {store.requests / figures.window_s:,.1f} requests/s ({store.connections} connections), "
         f"rendezvous store {agents.requests / figures.window_s:,.1f} requests/s, "
         f"{agents.bytes_out / figures.window_s / 1e3:,.1f} kB/s out; a frozen node {named}{again}"

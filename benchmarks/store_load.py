@@ -200,11 +200,26 @@ def run_watchers(first: int, last: int, nodes: int, port: int, timeline: dict) -
         if node.node == timeline["frozen"]:
             node.freeze()
     wait_until(timeline["end"])
+    stop_all(simulated)
     return {
         "calls": calls,
         "polls": [seconds for node in simulated for seconds in node.polls],
         "left": {node.node: node.left_at for node in simulated if node.left_at is not None},
     }
+
+
+def stop_all(simulated: list[SimulatedNode]) -> None:
+    """Stop every watcher before this process exits: a thread still inside a store call when
+    the interpreter tears down aborts it (std::terminate, seen at 1,024 nodes)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for node in simulated:
+        node.store.thawed.set()  # the frozen node's calls go through again
+    with ThreadPoolExecutor(max_workers=len(simulated)) as pool:
+        list(pool.map(lambda node: node.watcher.stop(), simulated))
+    for node in simulated:
+        for thread in node.watcher.threads:
+            thread.join(timeout=10)
 
 
 class SimulatedAgent:
@@ -414,11 +429,14 @@ def worker(argv: list[str]) -> int:
     return 0
 
 
+AGENTS_MAX = 256  # more simulated agents than this machine's 2 cores can decode the state for
+
+
 def simulate(
     counts: list[int], *, with_agents: bool = True, quick: bool = False, report=print
 ) -> tuple[list[WatchLoad], list[AgentLoad]]:
-    """Each count's watchers (and agents), on a host of its own where root allows it.
-    `quick`: shorter windows, for the test suite's run."""
+    """Each count's watchers, and its agents up to AGENTS_MAX (beyond, `derived_agents`), on
+    a host of its own where root allows it. `quick`: shorter windows, for the suite's run."""
     timing = {"settle_s": 7.0, "window_s": 3.0, "after_s": 9.0} if quick else {}
     watched: list[WatchLoad] = []
     agent_loads: list[AgentLoad] = []
@@ -427,13 +445,31 @@ def simulate(
         for nodes in counts:
             watched.append(watchers(nodes, **timing))
             report(describe_watchers(watched[-1]))
-            if with_agents:
+            if with_agents and nodes <= AGENTS_MAX:
                 agent_loads.append(agents(nodes, window_s=timing.get("window_s", 10.0)))
                 report(describe_agents(agent_loads[-1]))
+            elif with_agents and agent_loads:
+                report(derived_agents(agent_loads[-1], nodes))
 
     with tempfile.TemporaryDirectory() as workdir:
         on_a_host_of_its_own(Path(workdir), run)
     return watched, agent_loads
+
+
+def derived_agents(measured: AgentLoad, nodes: int) -> str:
+    """What `nodes` agents would ask of the rendezvous store, derived from a measured count:
+    the state grows as N; each agent reads it once a second and writes it back (with the
+    state it read as the expected value) every keep-alive; the store's thread costs what it
+    cost per megabyte at the measured count."""
+    state = measured.state_bytes * nodes / measured.nodes
+    reads, writes = nodes * state, nodes / KEEP_ALIVE_S * 2 * state
+    per_megabyte = measured.store_busy / ((measured.bytes_out_per_s + measured.bytes_in_per_s) / 1e6)
+    busy = per_megabyte * (reads + writes) / 1e6
+    return (
+        f"{nodes:>5} torchrun agents (derived from {measured.nodes}): state {state / 1e3:,.0f} kB; "
+        f"{reads / 1e6:,.0f} MB/s of reads and {writes / 1e6:,.0f} MB/s of keep-alive writes at the store, "
+        f"its server thread {busy:.0%} of a core at the measured {1000 * per_megabyte:.1f} ms per MB"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
