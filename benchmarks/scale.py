@@ -29,6 +29,7 @@ from pathlib import Path
 
 from benchmarks import metric_series, scale_nodes, state_size, store_load
 from benchmarks.namespaces import isolation_available
+from benchmarks.save_stall import FULL_LOOP, QUICK_LOOP
 
 # the suite's run: its figures are not the point, and its fork servers (nice 19) may wait long
 # for idle CPU beside the other tests, so its freeze does not wait for them
@@ -110,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         numbers(args.simulate, int), quick=args.quick, report=lambda line: print(line, flush=True)
     )
     print("== state size (one rank)", flush=True)
-    measured = state_size.sweep(sizes, with_dcp=True, report=lambda line: print(line, flush=True))
+    loop = QUICK_LOOP if args.quick else FULL_LOOP
+    measured = state_size.sweep(sizes, with_dcp=True, report=lambda line: print(line, flush=True), loop=loop)
     print("== metrics", flush=True)
     series = metric_series.measure(args.ranks)
     print(metric_series.describe(series), flush=True)

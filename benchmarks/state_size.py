@@ -11,18 +11,14 @@ tensors (16 of them). moto's S3 server runs in a lowest-priority process of its 
 - **blocked**: how long the save call holds the loop (the copy into the shared host buffer
   the writer reads), taken around the call, against a plain copy of the same tensors into
   tensors already allocated (`torch._foreach_copy_`, the fastest copy this process can make);
-- **stall ratio**: what a background save costs a compute loop (the blocked time plus every
-  step's excess over the undisturbed loop's median, until the write is done) over what the
-  same save costs done inline (`checkpoint.async_save=false`), as `benchmarks.checkpoint`;
-- **upload** of the durable checkpoint to S3 (serialize, hash, multipart upload), against
-  boto3's plain `upload_file` of the same bytes; the snapshot's write to /dev/shm;
-- **restore** from the snapshot (what a restarted rank does: verify and load) against
-  reading the same file's bytes, and from S3 (download, verify, load) against boto3's plain
-  `download_file` of the same object;
-- **torch.distributed.checkpoint's `async_save`**, process-based, staged in shared memory,
-  to the same bucket through s3torchconnector's `S3StorageWriter`: the time until the
-  state may change again, and until the upload is done.
-
+- **stall ratio**: what a background save costs a compute loop (`stall`: the loop's time
+  until the write is done, over as many undisturbed steps) over the same save done inline
+  (`checkpoint.async_save=false`);
+- **upload** of the durable checkpoint (serialize, hash, multipart upload) against boto3's
+  plain `upload_file` of the same bytes; the snapshot's write to /dev/shm;
+- **restore** from the snapshot (verify, load, copy into the model's tensors) against a read
+  of the same file, and from S3 (download, verify, load) against boto3's `download_file`;
+- **DCP's process-based `async_save`** (`benchmarks.dcp_save`) to the same bucket.
 A size this machine cannot hold is refused in one line before any work.
 """
 
@@ -39,7 +35,6 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -48,7 +43,9 @@ import psutil
 import torch
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
-from benchmarks.checkpoint import LoopRun, compute_loop, moto_process
+from benchmarks.dcp_save import DCP_MAX_GB, dcp_figures, world_of_one
+from benchmarks.moto_bucket import bucket_on_moto, empty_bucket, list_keys, prefix_of
+from benchmarks.save_stall import FULL_LOOP, Loop, SaveRun, compare, tensors_of
 from trainer.checkpoint.location import open_store
 from trainer.checkpoint.manager import CHECKPOINT_FILE, Checkpointer
 from trainer.checkpoint.snapshots import SnapshotDir
@@ -58,18 +55,13 @@ from trainer.config import CheckpointConfig
 SIZES_GB = (0.1, 0.5, 1.0, 2.0, 4.0)
 TENSORS = 16
 COPIES_HELD = 4  # the state, its shared host copy, a snapshot, and a restored state
-MATRIX, STEPS = 1024, 20  # the compute loop: ~40 ms steps on one thread, as benchmarks.checkpoint's
-BASELINE_STEPS = 60
-REGION = "us-east-1"
+
+
 # moto answers each ranged GET by copying the whole object (moto/s3/responses.py,
 # `_handle_range_header`: the body sliced from `key.value`), and a download is 8 MiB ranges:
 # 23 s for 0.5 GB, 97 s for 1 GB here, growing as the square. Restores from S3 are measured
 # up to this size; above it the time is moto's, not the trainer's
 S3_RESTORE_MAX_GB = 0.5
-# DCP's 4 GB save through s3torchconnector made moto (its multipart upload joined in memory)
-# grow to 15 GB beside this process's 8 GB (the state, DCP's shared staging) and the kernel
-# killed it: DCP is measured up to this size
-DCP_MAX_GB = 2.0
 
 
 @dataclass(frozen=True)
@@ -108,20 +100,6 @@ def model_state(gigabytes: float) -> dict:
         "optimizer": {"state": {i: {"m": t} for i, t in enumerate(tensors[third:])}},
         "progress": {"step": 1},
     }
-
-
-def tensors_of(state: dict) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-
-    def walk(value: object) -> None:
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, dict):
-            for item in value.values():
-                walk(item)
-
-    walk(state)
-    return found
 
 
 def plain_copy_s(state: dict, repeats: int = 3) -> float:
@@ -163,77 +141,11 @@ def quiet_logger() -> logging.Logger:
     return logger
 
 
-@dataclass(frozen=True)
-class SaveRun:
-    blocked_s: float
-    stall_s: float
-    done_s: float  # save call to the write's end
-
-
-def stall(run: LoopRun, mean_step: float) -> float:
-    """What a save cost the loop: the wall time of its steps, the save call's included, over
-    as many steps of the undisturbed loop (its mean: a long write's many steps would add up
-    the positive half of the steps' jitter, a floor that grows with the write's length)."""
-    return run.blocked + sum(run.durations) - len(run.durations) * mean_step
-
-
-def undisturbed_step() -> float:
-    """The loop's mean step with nothing else at work: a second's pause first (the last
-    save's upload may still keep moto busy), then 60 steps, the slowest 5 % left out (one
-    hiccup in the baseline, multiplied by a long write's steps, would read as a negative
-    stall)."""
-    time.sleep(1.0)
-    durations = sorted(compute_loop(MATRIX, BASELINE_STEPS).durations)
-    return statistics.mean(durations[: int(len(durations) * 0.95)])
-
-
-def timed_save(writer: CheckpointWriter, state: dict, step: int, durable: bool, mean_step: float) -> SaveRun:
-    """One save in a compute loop, going on until the writer is idle: its blocked time
-    (taken around the call), its stall, and when its write ended."""
-    marks: dict[str, float] = {}
-
-    def save() -> None:
-        marks["saved"] = time.perf_counter()
-        writer.save(state, step=step, epoch=0, world_size=1, durable=durable)
-
-    def done() -> bool:
-        if writer.wait(timeout=0):
-            marks.setdefault("done", time.perf_counter())
-            return True
-        return False
-
-    run = compute_loop(MATRIX, STEPS, save, until=done)
-    marks.setdefault("done", time.perf_counter())
-    return SaveRun(run.blocked, stall(run, mean_step), marks["done"] - marks["saved"])
-
-
-def compare(
-    make_writer: Callable[[bool], CheckpointWriter], state: dict, durable: bool, repeats: int
-) -> tuple[SaveRun, float]:
-    """Background saves (after one that lays out the shared buffer, as a run's first does)
-    and the same saves inline, interleaved: the median background run and stall ratio."""
-    background, inline = make_writer(True), make_writer(False)
-    runs, ratios = [], []
-    try:
-        background.save(state, step=1, epoch=0, world_size=1, durable=durable)
-        background.wait(600)
-        for repeat in range(repeats):
-            mean_step = undisturbed_step()
-            runs.append(timed_save(background, state, 2 + 2 * repeat, durable, mean_step))
-            synchronous = timed_save(inline, state, 3 + 2 * repeat, durable, mean_step)
-            ratios.append(runs[-1].stall_s / synchronous.stall_s)
-    finally:
-        background.close(600)
-        inline.close(600)
-    middle = sorted(range(repeats), key=lambda index: ratios[index])[repeats // 2]
-    return runs[middle], ratios[middle]
-
-
 def s3_config(bucket: str, prefix: str) -> CheckpointConfig:
     return CheckpointConfig(uri=f"s3://{bucket}/{prefix}", keep_last=1, attempts=1)
 
 
-def checkpoint_figures(state: dict, bucket: str, cache: Path) -> tuple[SaveRun, float]:
+def checkpoint_figures(state: dict, bucket: str, cache: Path, loop: Loop) -> tuple[SaveRun, float]:
     def writer(background: bool) -> CheckpointWriter:
         config = replace(s3_config(bucket, f"ckpt-{uuid.uuid4().hex[:6]}"), async_save=background)
         checkpointer = Checkpointer(open_store(config), keep_last=1, cache=cache)
@@ -241,17 +153,10 @@ def checkpoint_figures(state: dict, bucket: str, cache: Path) -> tuple[SaveRun, 
         made.start(None)
         return made
 
-    return compare(writer, state, durable=True, repeats=repeats_at(state))
+    return compare(writer, state, durable=True, loop=loop)
 
 
-def repeats_at(state: dict) -> int:
-    """Five interleaved repeats below half a gigabyte (short saves, noisy ratios), three below
-    a gigabyte, one above (a 4 GB upload to moto takes minutes)."""
-    size = sum(tensor.nbytes for tensor in tensors_of(state))
-    return 5 if size < 0.5e9 else 3 if size < 1e9 else 1
-
-
-def snapshot_figures(state: dict, scratch: Path) -> tuple[SaveRun, float, SnapshotDir]:
+def snapshot_figures(state: dict, scratch: Path, loop: Loop) -> tuple[SaveRun, float, SnapshotDir]:
     """The snapshot's figures, and the folder of the background writer's snapshots."""
     folders: list[SnapshotDir] = []
 
@@ -259,14 +164,14 @@ def snapshot_figures(state: dict, scratch: Path) -> tuple[SaveRun, float, Snapsh
         config = CheckpointConfig(
             uri=str(scratch / f"snapshots-{len(folders)}"),
             async_save=background,
-            snapshot_dir="/dev/shm/ddp-bench",
+            snapshot_dir=f"/dev/shm/ddp-bench-{os.getpid()}",  # removed with its snapshots
         )
         folders.append(SnapshotDir(config, "lineage"))
         made = CheckpointWriter(None, config, quiet_logger(), cache=scratch, snapshots=True)
         made.start(folders[-1])
         return made
 
-    run, ratio = compare(writer, state, durable=False, repeats=repeats_at(state))
+    run, ratio = compare(writer, state, durable=False, loop=loop)
     folders[1].remove()  # the inline writer's
     return run, ratio, folders[0]
 
@@ -327,64 +232,14 @@ def plain_upload_s(state: dict, bucket: str, scratch: Path) -> float:
     return elapsed
 
 
-def dcp_figures(state: dict, bucket: str, endpoint: str) -> tuple[float, float]:
-    """torch.distributed.checkpoint's process-based `async_save`, staged in shared memory,
-    to S3 through s3torchconnector: until the state may change, and until it is uploaded.
-    Its second save, as ours: the first starts its process and lays out its staging."""
-    import torch.distributed.checkpoint as dcp
-    from s3torchconnector import S3ClientConfig
-    from s3torchconnector._s3client import S3Client
-    from s3torchconnector.dcp import S3StorageWriter
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
-
-    on_gpu = torch.cuda.is_available()  # pinned memory and a non-blocking copy need a device
-    stager = DefaultStager(StagingOptions(on_gpu, True, on_gpu, on_gpu))
-    client_config = S3ClientConfig(force_path_style=True)
-    timings = []
-    try:
-        for _ in range(2):
-            writer = S3StorageWriter(REGION, f"s3://{bucket}/dcp-{uuid.uuid4().hex[:6]}", client_config)
-            writer.fs._client = S3Client(REGION, endpoint=endpoint, s3client_config=client_config)  # moto's
-            started = time.perf_counter()
-            response = dcp.async_save(
-                state, storage_writer=writer, async_checkpointer_type=AsyncCheckpointerType.PROCESS,
-                async_stager=stager,
-            )  # fmt: skip
-            staged = getattr(response, "staging_completion", None)  # a Future where staging blocks
-            if staged is not None:
-                staged.result()
-            blocked = time.perf_counter() - started
-            getattr(response, "upload_completion", response).result()
-            timings.append((blocked, time.perf_counter() - started))
-            empty_bucket(bucket)
-    finally:
-        stager.close()
-    return timings[-1]
-
-
-@contextmanager
-def world_of_one():
-    """A gloo group of this process alone: DCP's process-based saver starts its daemon's
-    group from the caller's."""
-    import torch.distributed as dist
-
-    from benchmarks.metrics import free_port
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-def measure(size: float, bucket: str, endpoint: str, scratch: Path, with_dcp: bool) -> SizeFigures:
+def measure(
+    size: float, bucket: str, endpoint: str, scratch: Path, with_dcp: bool, loop: Loop
+) -> SizeFigures:
     state = model_state(size)
     copy_s = plain_copy_s(state)
-    checkpoint, checkpoint_ratio = checkpoint_figures(state, bucket, scratch)
+    checkpoint, checkpoint_ratio = checkpoint_figures(state, bucket, scratch, loop)
     plain_upload = plain_upload_s(state, bucket, scratch)
-    snapshot, snapshot_ratio, snapshots = snapshot_figures(state, scratch)
+    snapshot, snapshot_ratio, snapshots = snapshot_figures(state, scratch, loop)
     restore_snapshot, plain_read = restore_from_snapshot(snapshots, state)
     snapshots.remove()
     restore_s3 = plain_download = None
@@ -402,55 +257,17 @@ def measure(size: float, bucket: str, endpoint: str, scratch: Path, with_dcp: bo
     )  # fmt: skip
 
 
-def list_keys(bucket: str) -> list[str]:
-    import boto3
-
-    pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket)
-    return [item["Key"] for page in pages for item in page.get("Contents", [])]
-
-
-def prefix_of(key: str) -> str:
-    return key.split("/", 1)[0]
-
-
-def empty_bucket(bucket: str) -> None:
-    import boto3
-
-    client = boto3.client("s3")
-    for key in list_keys(bucket):
-        client.delete_object(Bucket=bucket, Key=key)
-
-
-@contextmanager
-def bucket_on_moto():
-    """A bucket of moto's S3 in its lowest-priority process; the AWS_* variables boto3 and
-    the trainer read."""
-    import boto3
-
-    with moto_process() as (endpoint, _):
-        os.environ.update(
-            AWS_ACCESS_KEY_ID="bench",
-            AWS_SECRET_ACCESS_KEY="bench",
-            AWS_REGION=REGION,
-            AWS_ENDPOINT_URL=endpoint,
-        )
-        bucket = f"state-{uuid.uuid4().hex[:8]}"
-        boto3.client("s3").create_bucket(Bucket=bucket)
-        yield bucket, endpoint
-
-
-def describe(figures: SizeFigures) -> str:
-    dcp = f"; DCP not measured (moto's memory above {DCP_MAX_GB:g} GB)"
-    if figures.dcp_blocked_s is not None:
-        dcp = f"; DCP async_save blocked {figures.dcp_blocked_s:.2f} s, uploaded {figures.dcp_upload_s:.1f} s"
-    f = figures
+def describe(f: SizeFigures) -> str:
+    blocked = f.checkpoint_blocked_s
     s3 = f", from S3 not measured (moto's ranged reads above {S3_RESTORE_MAX_GB:g} GB)"
     if f.restore_s3_s is not None:
         s3 = f", from S3 {f.restore_s3_s:.1f} s (plain download {f.plain_download_s:.1f} s)"
+    dcp = f"; DCP not measured (moto's memory above {DCP_MAX_GB:g} GB)"
+    if f.dcp_blocked_s is not None:
+        dcp = f"; DCP async_save blocked {f.dcp_blocked_s:.2f} s, uploaded {f.dcp_upload_s:.1f} s"
     return (
-        f"{f.gigabytes:>4g} GB: plain copy {f.copy_s:.3f} s; checkpoint blocked "
-        f"{f.checkpoint_blocked_s:.3f} s "
-        f"({f.checkpoint_blocked_s / f.copy_s:.2f} x the copy), stall ratio {f.checkpoint_stall_ratio:.3f}, "
+        f"{f.gigabytes:>4g} GB: plain copy {f.copy_s:.3f} s; checkpoint blocked {blocked:.3f} s "
+        f"({blocked / f.copy_s:.2f} x the copy), stall ratio {f.checkpoint_stall_ratio:.3f}, "
         f"uploaded {f.upload_s:.1f} s (plain boto3 {f.plain_upload_s:.1f} s); snapshot blocked "
         f"{f.snapshot_blocked_s:.3f} s ({f.snapshot_blocked_s / f.copy_s:.2f} x), stall ratio "
         f"{f.snapshot_stall_ratio:.3f}, written {f.snapshot_write_s:.1f} s; restore from the snapshot "
@@ -459,7 +276,9 @@ def describe(figures: SizeFigures) -> str:
     )
 
 
-def sweep(sizes: list[float], with_dcp: bool, report: Callable[[str], None] = print) -> list[SizeFigures]:
+def sweep(
+    sizes: list[float], with_dcp: bool, report: Callable[[str], None] = print, loop: Loop = FULL_LOOP
+) -> list[SizeFigures]:
     """Each size in turn, each with a moto of its own: moto keeps what it stores in memory and
     its process grows with every multipart upload it joins (one of 15 GB was OOM-killed at
     4 GB). A size whose S3 stand-in gives out is said in one line and the sweep goes on."""
@@ -469,7 +288,7 @@ def sweep(sizes: list[float], with_dcp: bool, report: Callable[[str], None] = pr
         for size in sizes:
             try:
                 with bucket_on_moto() as (bucket, endpoint):
-                    found.append(measure(size, bucket, endpoint, Path(scratch), with_dcp))
+                    found.append(measure(size, bucket, endpoint, Path(scratch), with_dcp, loop))
             except (Exception, CheckpointException) as error:  # moto killed: a refused connection
                 said = f"{type(error).__name__}: {error}".splitlines()[0][:300]
                 report(f"{size:>4g} GB: stopped here, the S3 stand-in gave out ({said})")

@@ -19,8 +19,9 @@ import torch.distributed as dist
 
 from benchmarks.namespaces import on_a_host_of_its_own
 from trainer.config import WatchdogConfig
-from trainer.distributed.node_exchange import Progress
-from trainer.distributed.node_watch import NodeWatch, NodeWatcher, Verdict
+from trainer.distributed.node_exchange import Progress, Verdict
+from trainer.distributed.node_judge import NodeWatch
+from trainer.distributed.node_watch import NodeWatcher
 
 POLL_S = 0.1
 

@@ -7,7 +7,8 @@ import pytest
 
 from trainer.config import WatchdogConfig
 from trainer.distributed.elastic_bounds import node_bounds
-from trainer.distributed.node_watch import Loss, NodeLimits, NodeWatch, Progress, going_on
+from trainer.distributed.node_exchange import Progress
+from trainer.distributed.node_judge import Loss, NodeLimits, NodeWatch, going_on
 
 
 def progress(node: int, seq: int, step: int = 40, phase: str = "step") -> Progress:
