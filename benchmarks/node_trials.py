@@ -91,10 +91,14 @@ class NodeJob:
     nodes: list[NodeProcess] = field(default_factory=list)
 
     def overrides(self, workdir: Path, node: str) -> str:
-        """The trainer's settings for one node whose files are under `workdir`."""
+        """The trainer's settings for one node whose files are under `workdir`: its own
+        folders, as a pod's /tmp and /dev/shm are its own (the nodes here share one machine's:
+        a node's rank 0 clears earlier attempts' metrics folders, and a shared one crashed
+        another node's rank that was writing there)."""
         return OVERRIDES.format(every=self.every, epochs=self.epochs) + (
             f",checkpoint.snapshot_dir={workdir / f'shm-{node}'},"
-            f"checkpoint.cache_dir={workdir / f'cache-{node}'},checkpoint.uri={workdir / 'checkpoints'}"
+            f"checkpoint.cache_dir={workdir / f'cache-{node}'},checkpoint.uri={workdir / 'checkpoints'},"
+            f"metrics.multiproc_dir={workdir / f'metrics-{node}'}"
         )
 
     def command(self, index: int) -> list[str]:
