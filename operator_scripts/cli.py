@@ -20,6 +20,7 @@ import argparse
 import importlib.util
 import ipaddress
 import re
+import signal
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -231,6 +232,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 def _local(args: argparse.Namespace) -> int:
     from operator_scripts.cluster.status import progress_lines, trainer_status_source
+    from operator_scripts.local.interruption import Interruption
     from operator_scripts.local.pods import LocalError
     from operator_scripts.local.run import run
     from operator_scripts.local.runtimes.process import ProcessRuntime
@@ -259,16 +261,19 @@ def _local(args: argparse.Namespace) -> int:
         "node_grace_s": args.node_monitor_grace_period,
     }
     try:
-        if args.runtime == "docker":
-            outcome = _local_in_docker(rendered, workdir, args.pod_subnet, options)
-        else:
-            outcome = run(rendered.objects, workdir, runtime=ProcessRuntime(args.pod_subnet), **options)
+        with Interruption().handled() as interruption:
+            options["interruption"] = interruption
+            if args.runtime == "docker":
+                outcome = _local_in_docker(rendered, workdir, args.pod_subnet, options)
+            else:
+                outcome = run(rendered.objects, workdir, runtime=ProcessRuntime(args.pod_subnet), **options)
     except LocalError as error:
         print(f"ddp-ops local: error: {error}", file=sys.stderr)
         return 2
     print(f"pod logs under {workdir}", file=sys.stderr)
     succeeded = outcome.status in ("Succeeded", "Complete")
-    for line in [] if succeeded else outcome.failed_pods():  # as `kubectl describe pod` shows them
+    quiet = succeeded or outcome.interrupted  # an interrupted run said how each pod ended
+    for line in [] if quiet else outcome.failed_pods():  # as `kubectl describe pod` shows them
         print(line, file=sys.stderr)
     if start := outcome.start_line():
         print(start, file=sys.stderr)
@@ -276,6 +281,8 @@ def _local(args: argparse.Namespace) -> int:
         source = trainer_status_source(outcome.trainer_status)
         print(*progress_lines(outcome.trainer_status, source), sep="\n", file=sys.stderr)
     print(outcome.summary(), flush=True)
+    if outcome.interrupted:
+        return 128 + signal.Signals[outcome.interrupted]  # as a shell reports a command its signal ended
     return 0 if succeeded else 1
 
 

@@ -127,6 +127,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 # pytest 9's nodes no longer read.)
 LOCAL_PODS = (
     "tests/test_local.py::",
+    "tests/test_local_signals.py::",
     "tests/test_liveness.py::",
     "tests/test_own_code.py::",
     "tests/test_shards_jobs.py::",

@@ -80,8 +80,11 @@ def _start_private(cli: str, env: dict[str, str]) -> subprocess.Popen:
     DATA_ROOT.mkdir(parents=True, exist_ok=True)
     EXEC_ROOT.mkdir(parents=True, exist_ok=True)
     log = open(EXEC_ROOT / "dockerd.log", "w")  # noqa: SIM115  (the daemon's for its lifetime)
+    # SIGTERM when this process dies, however (setpriv's parent-death signal): the daemon
+    # then stops its containers and itself, so a killed run leaves no daemon behind
+    orphan_guard = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
     command = [
-        "dockerd", "--data-root", str(DATA_ROOT), "--exec-root", str(EXEC_ROOT),
+        *orphan_guard, "dockerd", "--data-root", str(DATA_ROOT), "--exec-root", str(EXEC_ROOT),
         "--host", f"unix://{SOCKET}", "--pidfile", str(EXEC_ROOT / "dockerd.pid"), *PRIVATE_FLAGS,
     ]  # fmt: skip
     daemon = subprocess.Popen(
@@ -121,8 +124,12 @@ def engine() -> Iterator[Engine]:
         return
     env["DOCKER_HOST"] = f"unix://{SOCKET}"
     daemon = _start_private(cli, env)
-    # a SIGTERM to this process (CI's timeout, Ctrl-C's cousin) still stops the daemon
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # a SIGTERM to this process (CI's timeout, Ctrl-C's cousin) still stops the daemon, unless
+    # the caller handles it (`ddp-ops local` stops its pods first); a SIGKILL stops it too
+    # (`_start_private`'s parent-death signal)
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         yield Engine(cli, env, private=True)
     finally:

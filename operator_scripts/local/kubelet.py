@@ -4,10 +4,8 @@ answer its node's silence as the control plane does (node_loss)."""
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 
@@ -122,9 +120,8 @@ def apply_outcome(
     elif outcome.action == "recreate":
         recreate_pod(pod, now + outcome.delay)
     elif outcome.action == "restart-all":
+        stop_pods(pods)
         for other in pods:
-            if other.process is not None:
-                stop_pod(other)
             recreate_pod(other, now)
     elif outcome.action == "succeeded":
         pod.phase = "Succeeded"
@@ -223,13 +220,50 @@ def freeze_pod(pod: LocalPod) -> None:
         pod.runtime.freeze(pod)
 
 
-def stop_pod(pod: LocalPod) -> None:
-    """Delete a pod: SIGTERM its processes, SIGKILL what is left after its grace period."""
-    grace = pod.plan.template["spec"].get("terminationGracePeriodSeconds", 30)
-    kill_pod(pod, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        pod.process.wait(timeout=grace)
-    kill_pod(pod, signal.SIGKILL)
+def stop_pods(
+    pods: list[LocalPod],
+    hurry: Callable[[], bool] = lambda: False,
+    notify: Callable[[str], None] | None = None,
+) -> None:
+    """Delete pods at once, as the kubelet ends a deleted job's pods: SIGTERM to every one,
+    then SIGKILL to each still running after its own grace period (its
+    terminationGracePeriodSeconds), or as soon as `hurry()` says so. A pod whose node is
+    frozen gets SIGKILL straight away (after a thaw, which a paused container needs before it
+    can die): nothing there could answer a SIGTERM. `notify` gets one line per pod."""
+    started = time.monotonic()
+    running = [pod for pod in pods if pod.process is not None]
+    grace = {pod.name: pod.plan.template["spec"].get("terminationGracePeriodSeconds", 30) for pod in running}
+    how = {pod.name: "SIGTERM" for pod in running}
+    for pod in running:
+        if pod.node is not None:
+            pod.runtime.thaw(pod)
+            kill_pod(pod, signal.SIGKILL)
+            how[pod.name] = "SIGKILL: its node is frozen"
+        else:
+            kill_pod(pod, signal.SIGTERM)
+    while running:
+        elapsed = time.monotonic() - started
+        for pod in list(running):
+            if pod.process.poll() is None and how[pod.name] == "SIGTERM":
+                if elapsed >= grace[pod.name]:
+                    how[pod.name] = f"SIGTERM, SIGKILL after its {grace[pod.name]:g}s grace period"
+                elif hurry():
+                    how[pod.name] = f"SIGTERM, SIGKILL {elapsed:.1f}s in: a second signal cut its grace short"
+                if how[pod.name] != "SIGTERM":
+                    kill_pod(pod, signal.SIGKILL)
+            if pod.process.poll() is not None:
+                running.remove(pod)
+                _container_ended(pod)
+                if notify is not None:
+                    notify(
+                        f"pod {pod.name} stopped ({how[pod.name]}): "
+                        f"exit code {pod.exit_code} after {elapsed:.1f}s"
+                    )
+        time.sleep(0.05 if running else 0)
+
+
+def _container_ended(pod: LocalPod) -> None:
+    """What the pod's status says of a container the kubelet stopped."""
     pod.exit_code = container_exit_code(pod.process.wait())
     pod.process = None
     pod.message = termination_message(pod.plan.container, pod.exit_code, pod.message_file, pod.log_path)

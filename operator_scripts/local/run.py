@@ -35,7 +35,6 @@ Process stand-ins, since there are no pods:
 from __future__ import annotations
 
 import dataclasses
-import signal
 import sys
 import threading
 import time
@@ -47,7 +46,9 @@ from typing import Any
 from operator_scripts.cluster.status import failure_line
 from operator_scripts.controllers.job_rules import rules_for
 from operator_scripts.controllers.pytorchjob_status import JobCondition
-from operator_scripts.local.kubelet import advance_pod, kill_pod, lose_node, stop_pod
+from operator_scripts.local.interruption import Interruption
+from operator_scripts.local.kubelet import advance_pod, lose_node, stop_pods
+from operator_scripts.local.leftovers import check_no_leftovers
 from operator_scripts.local.network_policy import JobNetwork
 from operator_scripts.local.node_loss import (
     NODE_MONITOR_GRACE_S,
@@ -79,6 +80,7 @@ class LocalOutcome:
     # each pod's creation and its container's latest start, wall clock (its status's times)
     starts: dict[str, tuple[float, float | None]] = field(default_factory=dict)
     rank0: str = ""  # the pod whose log it streamed
+    interrupted: str = ""  # the signal that ended the run before its job ended (SIGTERM, ...)
 
     def start_line(self) -> str | None:
         """Rank 0's pod's start before its trainer's own split (the trainer's `start-up` line):
@@ -97,6 +99,8 @@ class LocalOutcome:
         Failed (reason)`, then the restarts counted against the limit."""
         verdict = f"{self.status} ({self.reason})" if self.reason and self.status == "Failed" else self.status
         limit = "no backoffLimit" if self.backoff_limit is None else f"backoffLimit {self.backoff_limit}"
+        if self.interrupted:
+            verdict = f"stopped by {self.interrupted} while {verdict}, every pod with it"
         if self.kind == "TrainJob":
             return (
                 f"trainjob {self.job}: {verdict}; {self.restarts} failures counted ({limit}), "
@@ -157,13 +161,16 @@ def run(
     node_losses: list[NodeLossPlan] = (),
     node_grace_s: float = NODE_MONITOR_GRACE_S,
     status_server: bool = True,
+    interruption: Interruption | None = None,
 ) -> LocalOutcome:
     """Run the job until its controller would call it finished, apply the clean-up it does
     then, stop whatever still runs, and report. Each of `node_losses` freezes a pod's node
     at its time (node_loss), with `node_grace_s` as the node controller's grace period;
     `secrets` are the Secrets the cluster would hold, each a folder of its keys. A TrainJob
     gets Trainer's status server (`status_server`; the TrainJobStatus gate on) where the
-    runtime can place it among the pods."""
+    runtime can place it among the pods. A signal counted by `interruption` ends the run as
+    the job's deletion would: every pod stopped at once, each after its grace period."""
+    interruption = interruption or Interruption()
     try:
         rules = rules_for(objects)
     except ValueError as error:
@@ -192,6 +199,7 @@ def run(
     condition = JobCondition("Running")
     deleted: list[str] = []
     kept: list[str] = []
+    check_no_leftovers(workdir)
     notify(runtime.check(pods, hosts, JobNetwork.of(objects)))
     try:
         if status is not None:
@@ -205,7 +213,7 @@ def run(
         for pod in pods:
             pod.start_at = started + start_delays.get(pod.name, 0.0)
             pod.created_at = time.time()
-        while condition.status == "Running":
+        while condition.status == "Running" and not interruption.first:
             now = time.monotonic()
             if now - started > timeout:
                 condition = JobCondition("Failed", f"DeadlineExceeded: still running after {timeout:.0f}s")
@@ -226,11 +234,20 @@ def run(
                 on_tick(pods)
             time.sleep(0.1)
         restarts = rules.counted_restarts([pod.state for pod in pods])
-        deleted, why = rules.to_delete([pod.state for pod in pods])
+        if interruption.first:
+            notify(
+                f"got {interruption.name()}: every pod stops as a deleted job's does (SIGTERM, its grace "
+                "period, SIGKILL); a second signal cuts the grace short"
+            )
+            deleted, why = [pod.name for pod in pods], f"ddp-ops local got {interruption.name()}"
+            stop_pods(pods, hurry=lambda: interruption.since(1), notify=notify)
+        else:
+            deleted, why = rules.to_delete([pod.state for pod in pods])
         for pod in pods:
             if pod.name in deleted and pod.process is not None:
                 notify(f"pod {pod.name} deleted ({why})")
-                stop_pod(pod)
+        signals = len(interruption.received)
+        stop_pods([pod for pod in pods if pod.name in deleted], hurry=lambda: interruption.since(signals))
         kept = [
             pod.name
             for pod in pods
@@ -245,10 +262,9 @@ def run(
         for pod in pods:
             if pod.prober is not None:
                 pod.prober.stop()
-            if pod.process is not None and pod.node is not None:  # a frozen node: nothing graceful
-                kill_pod(pod, signal.SIGKILL)
-            if pod.process is not None:
-                stop_pod(pod)
+        signals = len(interruption.received)
+        stop_pods(pods, hurry=lambda: interruption.since(signals))
+        for pod in pods:
             if pod.log is not None:
                 pod.log.close()
         stop.set()
@@ -274,4 +290,5 @@ def run(
         trainer_status=status and status.applied(),
         starts={pod.name: (pod.created_at, pod.started_at) for pod in pods},
         rank0=rank0.name,
+        interrupted=interruption.name() if condition.status == "Running" else "",
     )

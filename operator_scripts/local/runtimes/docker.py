@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shlex
 import subprocess
 from typing import Any, TextIO
 
 from kubernetes.utils import parse_quantity
 
 from operator_scripts.image.engine import Engine
+from operator_scripts.local.keeper import Keeper
 from operator_scripts.local.network_policy import JobNetwork
 from operator_scripts.local.pod_network import enforce
 from operator_scripts.local.pods import HostsTable, LocalError, LocalPod
@@ -75,7 +77,8 @@ def resource_options(container: dict[str, Any]) -> list[str]:
 
 class DockerRuntime:
     """Pods as containers on one internal network; `with` makes and removes the network
-    and every container of the run."""
+    and every container of the run, and a keeper removes them should this process be
+    killed before the block ends."""
 
     localizes_paths = False
     hosts_control_plane = False  # the internal network holds the job's containers only
@@ -119,10 +122,21 @@ class DockerRuntime:
         if created.returncode != 0:
             reason = last_line(created.stderr, "no output")
             raise LocalError(f"cannot make the pod network {self.subnet}: {reason}")
+        self._keeper = Keeper(self._removal_command(), self.engine.env)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self._remove_all()
+        self._keeper.done()
+
+    def _removal_command(self) -> list[str]:
+        """`_remove_all` as a command, for a keeper to run should this process be killed."""
+        docker, label = shlex.quote(self.engine.cli), shlex.quote(f"label=ddp-ops-local={self.network}")
+        return [
+            "sh", "-c",
+            f"{docker} ps --all --quiet --filter {label} | xargs -r {docker} rm --force; "
+            f"{docker} network rm {shlex.quote(self.network)}",
+        ]  # fmt: skip
 
     def address(self, index: int) -> str:
         return str(self.subnet.network_address + 2 + index)

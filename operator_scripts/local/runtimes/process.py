@@ -35,12 +35,16 @@ PORTS_CLAIM = "\0ddp-ops-local-pods"
 
 
 def sandbox_command(hostname: str, hosts: HostsTable, shm: Path | None = None) -> list[str]:
-    """The prefix that runs a command as a pod: new UTS and mount namespaces (a user
-    namespace too when not root), the pod's host name, the job's hosts table and the pod's
-    own /dev/shm."""
+    """The prefix that runs a command as a pod: new UTS, mount and PID namespaces (a user
+    namespace too when not root) whose init is `sandbox`, with the pod's host name, the
+    job's hosts table and the pod's own /dev/shm. The pod ends whole when the process that
+    starts it (`ddp-ops local`'s thread) ends, however it ends: `setpriv --pdeathsig` kills
+    `unshare` then, `--kill-child` kills the namespace's init, and the kernel the rest."""
     user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
     return [
-        "unshare", *user, "--mount", "--uts", "--propagation", "private", "--",
+        "setpriv", "--pdeathsig", "KILL", "--",
+        "unshare", *user, "--mount", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc",
+        "--propagation", "private", "--",
         sys.executable, "-m", "operator_scripts.local.runtimes.sandbox",
         hostname, str(hosts.path), str(hosts.nsswitch), str(shm or "-"), "--",
     ]  # fmt: skip
@@ -171,8 +175,11 @@ def check_reachable_endpoints(pods: list[LocalPod], gateway: str) -> None:
 
 def check_sandbox(hosts: HostsTable) -> None:
     """Fail in one line, before any pod starts, where namespaces cannot be made."""
-    if shutil.which("unshare") is None:
-        raise LocalError("needs `unshare` (util-linux) to give each pod its host name and hosts table")
+    if shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        raise LocalError(
+            "needs `unshare` and `setpriv` (util-linux) to give each pod its host name, hosts table "
+            "and a process tree that ends with the run"
+        )
     resolve_localhost = "import socket; socket.getaddrinfo('localhost', 1)"
     probe = subprocess.run(
         [*sandbox_command("probe", hosts), sys.executable, "-c", resolve_localhost],
