@@ -202,8 +202,19 @@ class LocalStatusServer:
         return [trainjob_env.tls_config_map(self.trainjob, self.ca.read_text())]
 
     def start(self, address: str, prefix: list[str]) -> None:
-        """The server at `address`, in the network namespace `prefix` enters (none: this host's)."""
-        command = [*prefix, sys.executable, "-m", __name__, str(self.folder), address, str(PORT)]
+        """The server at `address`, in the network namespace `prefix` enters (none: this host's);
+        it dies with this process however that ends (setpriv's parent-death signal), as the pods do."""
+        orphan_guard = ["setpriv", "--pdeathsig", "KILL", "--"]
+        command = [
+            *prefix,
+            *orphan_guard,
+            sys.executable,
+            "-m",
+            __name__,
+            str(self.folder),
+            address,
+            str(PORT),
+        ]
         self.process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
         )
