@@ -77,7 +77,7 @@ device-check:
 
 ## device-wheels: what the lent machine's python3 (3.12) lacks for the trainer, as wheels in .whl/,
 ## at constraints.txt's versions (its own has torch, numpy, yaml, prometheus-client, psutil, tqdm, ...)
-DEVICE_WHEELS = pydantic pydantic_core annotated-types typing-inspection typing_extensions
+DEVICE_WHEELS = pydantic pydantic_core annotated-types typing-inspection typing_extensions xxhash
 device-wheels: $(INSTALLED)
 	rm -rf .whl
 	$(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

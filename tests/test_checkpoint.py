@@ -54,6 +54,7 @@ def test_checkpoint_then_manifest_then_latest(tmp_path):
     manifest = json.loads((tmp_path / "step-10" / "manifest.json").read_text())
     expected = {
         "sha256_pieces",
+        "xxh3_pieces",
         "piece_bytes",
         "bytes",
         "step",

@@ -103,7 +103,7 @@ def test_a_damaged_snapshot_on_one_node_is_skipped_for_the_other_nodes(workdir):
     outputs = [node.communicate(timeout=240) for node in second]
     assert [node.returncode for node in second] == [0, 0], [err[-2000:] for _, err in outputs]
     text = "".join(out + err for out, err in outputs)
-    assert f"checkpoint step {newest_a} in {damaged.parents[1]} fails its sha256 check" in text
+    assert f"checkpoint step {newest_a} in {damaged.parents[1]} fails its xxh3 check" in text
     resumed = rf"resumed from step {expected} \(snapshot on [^,]+, \d+ steps? lost\)"
     assert re.search(resumed, text), text[-3000:]
 

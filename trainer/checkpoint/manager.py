@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from trainer.checkpoint.digest import PIECE_BYTES, matches, piece_digests
+from trainer.checkpoint.digest import PIECE_BYTES, PieceCheck, matches, piece_digests
 from trainer.checkpoint.lease import LeaseFence
 from trainer.checkpoint.store import CheckpointStore, StaleWrite
 from trainer.config import ConfigError
@@ -74,11 +74,19 @@ class Checkpointer:
     into the node-local `cache` for S3, so that each node downloads once."""
 
     def __init__(
-        self, store: CheckpointStore, keep_last: int, cache: Path, fence: LeaseFence | None = None
+        self,
+        store: CheckpointStore,
+        keep_last: int,
+        cache: Path,
+        fence: LeaseFence | None = None,
+        own_writes: bool = False,
     ) -> None:
         """`fence`, on the rank that holds the location's lease, is checked before every
-        publish, and its epoch goes into every manifest and `latest.json`."""
+        publish, and its epoch goes into every manifest and `latest.json`. `own_writes`: only
+        this pod's writer writes the store (its snapshots), so a restore checks the pieces'
+        xxh3 rather than their sha256 (digest.py says why)."""
         self.store = store
+        self.own_writes = own_writes
         self.keep_last = keep_last
         self.cache = cache
         self.fence = fence
@@ -184,23 +192,29 @@ class Checkpointer:
             return False
         try:
             manifest = json.loads(raw_manifest)
-            size, pieces = int(manifest["bytes"]), manifest.get("sha256_pieces")
-            if pieces is None:  # written before the pieces: one sha256 of the whole file
-                check = {"pieces": None, "piece_bytes": 0, "sha256": str(manifest["sha256"])}
-            elif isinstance(pieces, list) and all(isinstance(piece, str) for piece in pieces):
-                check = {"pieces": pieces, "piece_bytes": int(manifest["piece_bytes"]), "sha256": None}
-            else:
-                raise TypeError("sha256_pieces")
+            size, check = int(manifest["bytes"]), self._check_of(manifest)
         except (ValueError, KeyError, TypeError):
             log.warning("checkpoint step %d in %s has a damaged manifest; skipping it", step, self.store.uri)
             self.store.evict(name, self.cache)
             return False
         path = self.store.local_path(name, self.cache)
-        if path.stat().st_size != size or not matches(path, **check):
-            log.warning("checkpoint step %d in %s fails its sha256 check; skipping it", step, self.store.uri)
+        if path.stat().st_size != size or not matches(path, check):
+            uri, algorithm = self.store.uri, check.algorithm
+            log.warning("checkpoint step %d in %s fails its %s check; skipping it", step, uri, algorithm)
             self.store.evict(name, self.cache)
             return False
         return True
+
+    def _check_of(self, manifest: dict[str, Any]) -> PieceCheck:
+        """The manifest's pieces by this store's digest (xxh3 where `own_writes` and the
+        manifest has them, else sha256), or, from before the pieces, its whole sha256."""
+        algorithm = "xxh3" if self.own_writes and "xxh3_pieces" in manifest else "sha256"
+        pieces = manifest.get(f"{algorithm}_pieces")
+        if pieces is None:  # written before the pieces: one sha256 of the whole file
+            return PieceCheck("sha256", None, 0, str(manifest["sha256"]))
+        if not isinstance(pieces, list) or not all(isinstance(piece, str) for piece in pieces):
+            raise TypeError(f"{algorithm}_pieces")
+        return PieceCheck(algorithm, pieces, int(manifest["piece_bytes"]))
 
     def _loads(self, step: int) -> bool:
         """Whether a verified step also unpickles (bytes the manifest vouches for can still be
@@ -257,7 +271,12 @@ class Checkpointer:
                 "step": step,
                 "epoch": epoch,
                 "world_size": world_size,
-                "sha256_pieces": piece_digests(checkpoint, lambda done: self.progress("hash", done, size)),
+                **{
+                    f"{algorithm}_pieces": pieces
+                    for algorithm, pieces in piece_digests(
+                        checkpoint, lambda done: self.progress("hash", done, size)
+                    ).items()
+                },
                 "piece_bytes": PIECE_BYTES,
                 "bytes": size,
                 "created_at": datetime.now(timezone.utc).isoformat(),

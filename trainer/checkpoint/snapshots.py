@@ -4,7 +4,7 @@ Layout under `checkpoint.snapshot_dir`: one folder per checkpoint location (a ha
 URI), and in it one folder per lineage, the id the store keeps in `lineage.json`. A run that
 starts over (a new or emptied `checkpoint.uri`, or `checkpoint.resume=false`) gets a new
 lineage, so snapshots a previous run left in /dev/shm are never mistaken for this one's, and
-they are removed. Inside, snapshots are checkpoints in the store format (manifest, sha256),
+they are removed. Inside, snapshots are checkpoints in the store format (manifest, digests),
 at most two: the oldest is removed before the next is written, so the newest intact one is
 never overwritten. `reached` records the last step this node completed, for the count of
 steps a recovery lost.
@@ -59,7 +59,7 @@ class SnapshotDir:
 
     def checkpointer(self) -> Checkpointer:
         """The snapshots as a store: published like checkpoints, the two newest kept."""
-        return Checkpointer(LocalStore(self.folder), keep_last=KEEP, cache=self.folder)
+        return Checkpointer(LocalStore(self.folder), keep_last=KEEP, cache=self.folder, own_writes=True)
 
     def room_for(self, state_bytes: int) -> str | None:
         """Why two snapshots (and the shared host copy, when it lives on the same
@@ -85,7 +85,7 @@ class SnapshotDir:
                 shutil.rmtree(entry, ignore_errors=True)
 
     def newest(self) -> tuple[int, dict[str, Any]] | None:
-        """The newest snapshot that verifies (sha256) and loads, with its state; damaged
+        """The newest snapshot that verifies (its pieces' xxh3) and loads, with its state; damaged
         ones are named in a warning and skipped, and what a killed writer left half-written
         is removed (call it holding `writer_lock`)."""
         if not self.folder.is_dir():
