@@ -6,6 +6,7 @@ command line holds the run's work folder."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,7 +96,8 @@ def test_sigterm_two_seconds_into_the_first_step_stops_every_pod_within_its_grac
 def test_a_sigkill_with_a_frozen_node_leaves_nothing_and_the_next_run_starts_cleanly(tmp_path):
     """SIGKILL leaves `ddp-ops local` no say: its pods still end with it, the frozen
     node's stopped processes too. The next run, on the same pod subnet, reaches its first
-    step, and a terminal's Ctrl-C (SIGINT to its process group) stops it as SIGTERM would."""
+    step, and a terminal's Ctrl-C (SIGINT to its process group) stops it; a second Ctrl-C
+    cuts the pods' grace short (they take seconds to save and leave on a SIGTERM)."""
     local = LocalRun(tmp_path / "killed", "--freeze-node", "worker-1=3")
     local.wait_for("froze")
     time.sleep(1)
@@ -107,9 +109,14 @@ def test_a_sigkill_with_a_frozen_node_leaves_nothing_and_the_next_run_starts_cle
     after = LocalRun(tmp_path / "after")
     after.wait_for("start-up")
     os.killpg(after.process.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
-    after.seconds_until_none_left(GRACE_S + 5)
+    after.wait_for("got SIGINT")
+    os.killpg(after.process.pid, signal.SIGINT)
+    after.seconds_until_none_left(5)
     code, out, err = after.ended()
     assert code == 128 + signal.SIGINT, err[-3000:]
+    cut_short = r"stopped \(SIGTERM, SIGKILL [0-9.]+s in: a second signal cut its grace short\)"
+    for pod in PODS:
+        assert re.search(f"pod {pod} {cut_short}", err), err[-3000:]
     assert "stopped by SIGINT while Running" in out.strip().splitlines()[-1], out[-500:]
 
 

@@ -267,16 +267,12 @@ class Checkpointer:
             with open(checkpoint, "wb") as handle:
                 torch.save({"format": FORMAT_VERSION, **state}, _CountingFile(handle, self._staged_bytes))
             size = checkpoint.stat().st_size
+            digests = piece_digests(checkpoint, lambda done: self.progress("hash", done, size))
             manifest = {
                 "step": step,
                 "epoch": epoch,
                 "world_size": world_size,
-                **{
-                    f"{algorithm}_pieces": pieces
-                    for algorithm, pieces in piece_digests(
-                        checkpoint, lambda done: self.progress("hash", done, size)
-                    ).items()
-                },
+                **{f"{algorithm}_pieces": pieces for algorithm, pieces in digests.items()},
                 "piece_bytes": PIECE_BYTES,
                 "bytes": size,
                 "created_at": datetime.now(timezone.utc).isoformat(),
