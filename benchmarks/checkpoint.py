@@ -47,6 +47,8 @@ from trainer.checkpoint.manager import Checkpointer
 from trainer.checkpoint.writer import CheckpointWriter
 from trainer.config import CheckpointConfig
 
+# what boto3 and the trainer need to reach moto (any keys do), beside its endpoint
+AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
 MOTO = (
     "from moto.server import ThreadedMotoServer as S; import time; "
     "from benchmarks.priority import lowest_priority; lowest_priority(); "

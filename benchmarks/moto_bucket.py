@@ -8,9 +8,9 @@ import os
 import uuid
 from contextlib import contextmanager
 
-from benchmarks.checkpoint import moto_process
+from benchmarks.checkpoint import AWS, moto_process
 
-REGION = "us-east-1"
+REGION = AWS["AWS_REGION"]
 
 
 def list_keys(bucket: str) -> list[str]:
@@ -39,12 +39,7 @@ def bucket_on_moto():
     import boto3
 
     with moto_process() as (endpoint, _):
-        os.environ.update(
-            AWS_ACCESS_KEY_ID="bench",
-            AWS_SECRET_ACCESS_KEY="bench",
-            AWS_REGION=REGION,
-            AWS_ENDPOINT_URL=endpoint,
-        )
+        os.environ.update({**AWS, "AWS_ENDPOINT_URL": endpoint})
         bucket = f"state-{uuid.uuid4().hex[:8]}"
         boto3.client("s3").create_bucket(Bucket=bucket)
         yield bucket, endpoint

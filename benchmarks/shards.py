@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.checkpoint import moto_process
+from benchmarks.checkpoint import AWS, moto_process
 from benchmarks.runner import TrainerRun, run_trainer, trainer_bench_parser
 from trainer.config import ShardsConfig, load_config
 from trainer.data import build_data
@@ -37,7 +37,6 @@ SAMPLES_PER_SHARD = 256  # 0.75 MB shards: small for a real dataset (16-256 MB),
 S3_PATH = "s3://shards/synthetic"
 CACHE_MB = 8  # a quarter of the training shards: each epoch streams from S3 again
 TARGETS = {"samples_ratio": 0.95, "data_share": 0.05}
-AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
 PROXY = (
     "import sys, time; from benchmarks.fault_proxy import FaultProxy\n"
     "from benchmarks.priority import lowest_priority; lowest_priority()\n"

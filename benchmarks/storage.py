@@ -26,11 +26,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from benchmarks.baseline import WARMUP_WINDOWS
-from benchmarks.checkpoint import moto_process
+from benchmarks.checkpoint import AWS, moto_process
 from benchmarks.runner import config_args, torchrun, trainer_bench_parser
 
 TARGET = 0.95
-AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
 SETTINGS = (
     "train.epochs=30,checkpoint.every_steps=20,checkpoint.snapshot_every_steps=5,metrics.port=0,"
     "log.format=json,log.every_steps=20"

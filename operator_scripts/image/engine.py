@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from operator_scripts.parent_death import dies_with_parent
 from trainer.lines import last_line
 
 DATA_ROOT = Path(os.environ.get("DDP_DOCKER_DATA_ROOT", "/var/lib/ddp-trainer/docker"))
@@ -82,7 +83,7 @@ def _start_private(cli: str, env: dict[str, str]) -> subprocess.Popen:
     log = open(EXEC_ROOT / "dockerd.log", "w")  # noqa: SIM115  (the daemon's for its lifetime)
     # SIGTERM when this process dies, however (setpriv's parent-death signal): the daemon
     # then stops its containers and itself, so a killed run leaves no daemon behind
-    orphan_guard = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
+    orphan_guard = dies_with_parent("TERM") if shutil.which("setpriv") else []
     command = [
         *orphan_guard, "dockerd", "--data-root", str(DATA_ROOT), "--exec-root", str(EXEC_ROOT),
         "--host", f"unix://{SOCKET}", "--pidfile", str(EXEC_ROOT / "dockerd.pid"), *PRIVATE_FLAGS,

@@ -30,6 +30,7 @@ from typing import Any
 
 from operator_scripts.local.network_policy import Endpoint, ruleset
 from operator_scripts.local.pods import LocalError
+from operator_scripts.parent_death import dies_with_parent
 from trainer.lines import last_line
 
 DEFAULT_POD_SUBNET = "10.213.0.0/24"
@@ -66,7 +67,7 @@ def _hold_namespace() -> subprocess.Popen:
     """A process in a new network namespace that lives until killed or until the thread that
     started it ends; returned once it is in its namespace."""
     holder = subprocess.Popen(
-        ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--net", "--", "sleep", "infinity"],
+        [*dies_with_parent(), "unshare", "--net", "--", "sleep", "infinity"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

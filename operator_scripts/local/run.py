@@ -234,20 +234,23 @@ def run(
                 on_tick(pods)
             time.sleep(0.1)
         restarts = rules.counted_restarts([pod.state for pod in pods])
-        if interruption.first:
+        interrupted = interruption.name()
+        if interrupted:  # every pod goes, each said as it ends; a second signal hurries them
             notify(
-                f"got {interruption.name()}: every pod stops as a deleted job's does (SIGTERM, its grace "
+                f"got {interrupted}: every pod stops as a deleted job's does (SIGTERM, its grace "
                 "period, SIGKILL); a second signal cuts the grace short"
             )
-            deleted, why = [pod.name for pod in pods], f"ddp-ops local got {interruption.name()}"
-            stop_pods(pods, hurry=lambda: interruption.since(1), notify=notify)
-        else:
+            deleted, why = [pod.name for pod in pods], f"ddp-ops local got {interrupted}"
+        else:  # the controller's clean-up; any signal now hurries it
             deleted, why = rules.to_delete([pod.state for pod in pods])
-        for pod in pods:
-            if pod.name in deleted and pod.process is not None:
-                notify(f"pod {pod.name} deleted ({why})")
-        signals = len(interruption.received)
-        stop_pods([pod for pod in pods if pod.name in deleted], hurry=lambda: interruption.since(signals))
+            for pod in pods:
+                if pod.name in deleted and pod.process is not None:
+                    notify(f"pod {pod.name} deleted ({why})")
+        stop_pods(
+            [pod for pod in pods if pod.name in deleted],
+            hurry=lambda: interruption.since(1 if interrupted else 0),
+            notify=notify if interrupted else None,
+        )
         kept = [
             pod.name
             for pod in pods

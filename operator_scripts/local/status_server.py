@@ -38,6 +38,7 @@ from typing import Any
 from operator_scripts.controllers import trainjob_env
 from operator_scripts.controllers.pytorchjob_env import PodPlan
 from operator_scripts.local.pods import LocalError
+from operator_scripts.parent_death import dies_with_parent
 from trainer.telemetry.trainer_status import INT32_MAX
 
 SERVICE = "kubeflow-trainer-controller-manager"  # config defaults.go:56, in kubeflow-system
@@ -204,17 +205,8 @@ class LocalStatusServer:
     def start(self, address: str, prefix: list[str]) -> None:
         """The server at `address`, in the network namespace `prefix` enters (none: this host's);
         it dies with this process however that ends (setpriv's parent-death signal), as the pods do."""
-        orphan_guard = ["setpriv", "--pdeathsig", "KILL", "--"]
-        command = [
-            *prefix,
-            *orphan_guard,
-            sys.executable,
-            "-m",
-            __name__,
-            str(self.folder),
-            address,
-            str(PORT),
-        ]
+        server = [sys.executable, "-m", __name__, str(self.folder), address, str(PORT)]
+        command = [*prefix, *dies_with_parent(), *server]
         self.process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
         )

@@ -32,7 +32,7 @@ import xxhash
 PIECE_BYTES = 64 * 2**20
 DIGESTS: dict[str, Callable[[memoryview], str]] = {
     "sha256": lambda piece: hashlib.sha256(piece).hexdigest(),
-    "xxh3": lambda piece: xxhash.xxh3_128_hexdigest(piece),
+    "xxh3": xxhash.xxh3_128_hexdigest,
 }
 
 

@@ -24,6 +24,7 @@ from operator_scripts.local.pod_network import (
     pod_networks_available,
 )
 from operator_scripts.local.pods import HostsTable, LocalError, LocalPod
+from operator_scripts.parent_death import dies_with_parent
 from trainer.launcher.process_tree import signal_tree
 from trainer.lines import last_line
 
@@ -42,7 +43,7 @@ def sandbox_command(hostname: str, hosts: HostsTable, shm: Path | None = None) -
     `unshare` then, `--kill-child` kills the namespace's init, and the kernel the rest."""
     user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
     return [
-        "setpriv", "--pdeathsig", "KILL", "--",
+        *dies_with_parent(),
         "unshare", *user, "--mount", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc",
         "--propagation", "private", "--",
         sys.executable, "-m", "operator_scripts.local.runtimes.sandbox",

@@ -15,7 +15,7 @@ reaps whatever is orphaned in the pod and exits with COMMAND's status. When it e
 kernel kills every process left in its namespace, stopped ones included, which is how a
 pod ends whole even when `ddp-ops local` is killed (`unshare --kill-child` gives this
 process SIGKILL when `unshare` dies, and `setpriv --pdeathsig` gives `unshare` SIGKILL when
-`ddp-ops local` dies; docs/facts.md, "A pod's processes"). Signals reach COMMAND directly:
+`ddp-ops local` dies; docs/facts.md, "A local pod's end"). Signals reach COMMAND directly:
 the runtime signals every process of the pod, and a PID 1 drops those it has no handler for.
 """
 
@@ -27,6 +27,8 @@ import os
 import signal
 import socket
 import sys
+
+from trainer.launcher.process_tree import container_exit_code
 
 MS_BIND = 4096
 
@@ -45,8 +47,7 @@ def reap_until(child: int) -> int:
     while True:
         pid, status = os.wait()
         if pid == child:
-            code = os.waitstatus_to_exitcode(status)
-            return 128 - code if code < 0 else code
+            return container_exit_code(os.waitstatus_to_exitcode(status))
 
 
 def main(argv: list[str]) -> None:
